@@ -1,0 +1,87 @@
+"""Data types as nvFuser names and prints them, with their torch equivalents."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class DataType(enum.Enum):
+    Float = ("float", torch.float32)
+    Half = ("__half", torch.float16)
+    BFloat16 = ("__bfloat", torch.bfloat16)
+    Bool = ("bool", torch.bool)
+    Double = ("double", torch.float64)
+    Int32 = ("int", torch.int32)
+    Int = ("int64_t", torch.int64)
+    UInt64 = ("uint64_t", torch.uint64)
+    Null = ("null", None)
+
+    def __init__(self, printed: str, torch_dtype):
+        self.printed = printed
+        self.torch_dtype = torch_dtype
+
+    def __str__(self) -> str:
+        return self.printed
+
+    def __repr__(self) -> str:
+        return f"DataType.{self.name}"
+
+    @property
+    def is_floating(self) -> bool:
+        return self in (DataType.Float, DataType.Half, DataType.BFloat16, DataType.Double)
+
+    @property
+    def is_reduced_precision(self) -> bool:
+        return self in (DataType.Half, DataType.BFloat16)
+
+    @property
+    def is_integral(self) -> bool:
+        return self in (DataType.Int32, DataType.Int, DataType.UInt64)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @staticmethod
+    def from_torch(dtype: torch.dtype) -> "DataType":
+        for dt in DataType:
+            if dt.torch_dtype == dtype:
+                return dt
+        raise TypeError(f"nvshard has no DataType for torch dtype {dtype}")
+
+
+def _category(dt: DataType) -> int:
+    """0 bool, 1 integral, 2 floating: torch's promotion categories."""
+    if dt == DataType.Bool:
+        return 0
+    if dt.is_integral:
+        return 1
+    return 2
+
+
+def promote(tensor_dtypes: list[DataType], scalar_dtypes: list[DataType]) -> DataType:
+    """Result dtype of an elementwise op, following torch.result_type.
+
+    Tensor operands decide the dtype unless a scalar operand belongs to a higher
+    category (bool < integral < floating); then the category's default wins.
+    """
+    def fold(dtypes: list[DataType]) -> DataType:
+        acc = dtypes[0].torch_dtype
+        for d in dtypes[1:]:
+            acc = torch.promote_types(acc, d.torch_dtype)
+        return DataType.from_torch(acc)
+
+    if not tensor_dtypes:
+        return fold(scalar_dtypes)
+    result = fold(tensor_dtypes)
+    top_scalar = max((_category(d) for d in scalar_dtypes), default=-1)
+    if top_scalar > _category(result):
+        result = DataType.Float if top_scalar == 2 else DataType.Int
+    return result
+
+
+def compute_dtype(dt: DataType) -> torch.dtype:
+    """The dtype nvFuser kernels compute in: reduced precision is upcast to float."""
+    return torch.float32 if dt.is_reduced_precision else dt.torch_dtype

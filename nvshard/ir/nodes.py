@@ -1,0 +1,544 @@
+"""Fusion IR: IterDomain, TensorView, Scalar, Expr and Fusion.
+
+Mirrors the parts of nvFuser's IR that sharding needs. A TensorView has a
+logical domain (its axes, reduction axes included, as nvFuser keeps them) and
+a loop domain that scheduling calls transform: `outer_split`, `inner_split`,
+`reorder`, `axis(i).parallelize(...)`. Device splits are read back from the
+loop domain as a layout per logical axis (see multidevice/layout.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+from ..multidevice import layout
+from .dtypes import DataType
+from .sizes import Size, Sym
+
+
+# Passes push a Program here to print TensorViews with the shardings they
+# decided instead of the user's annotations (see preseg/program.py).
+RENDER_STACK: list = []
+
+
+class NvShardError(ValueError):
+    """Bad input from the user: names the tensor, the axis and what was expected."""
+
+
+class ParallelType(enum.Enum):
+    mesh_x = "x"
+    mesh_y = "y"
+    mesh_z = "z"
+    stream = "stream"
+    Serial = "S"
+
+    # nvFuser spells device parallel types DIDx/DIDy/DIDz too.
+    @property
+    def mesh_axis(self) -> Optional[str]:
+        return self.value if self.value in layout.MESH_AXES else None
+
+    def __str__(self) -> str:
+        if self.mesh_axis:
+            return "deviceIdx." + self.value
+        if self is ParallelType.stream:
+            return "streamIdx"
+        return "S"
+
+
+ParallelType.DIDx = ParallelType.mesh_x
+ParallelType.DIDy = ParallelType.mesh_y
+ParallelType.DIDz = ParallelType.mesh_z
+
+
+class IterType(enum.Enum):
+    Iteration = "i"
+    Broadcast = "b"
+    Reduction = "r"
+
+
+# ---------------------------------------------------------------------------
+
+
+class IterDomain:
+    """One axis. Loop ids made by splits remember which logical axis they
+    come from (`logical_axis`) and where they sit in its split tree (`path`,
+    compared lexicographically: outer before inner). `is_remainder` marks the
+    ceilDiv part of a split; every logical axis has exactly one."""
+
+    def __init__(
+        self,
+        number: int,
+        extent: Size,
+        iter_type: IterType = IterType.Iteration,
+        expanded: Optional[Size] = None,
+        logical_axis: int = 0,
+        path: tuple = (),
+        is_remainder: bool = True,
+        display: Optional[str] = None,
+    ):
+        self.number = number
+        self._extent = extent
+        self.iter_type = iter_type
+        self.expanded = expanded
+        self.parallel_type = ParallelType.Serial
+        self.logical_axis = logical_axis
+        self.path = path
+        self.is_remainder = is_remainder
+        self.display = display
+        self.owner: Optional["TensorView"] = None
+
+    def extent(self) -> Size:
+        return self._extent
+
+    def is_reduction(self) -> bool:
+        return self.iter_type is IterType.Reduction
+
+    def is_broadcast(self) -> bool:
+        return self.iter_type is IterType.Broadcast
+
+    def is_device_dim(self) -> bool:
+        return self.parallel_type.mesh_axis is not None
+
+    def parallelize(self, parallel_type: ParallelType) -> None:
+        if not isinstance(parallel_type, ParallelType):
+            raise NvShardError(f"parallelize expects a ParallelType, got {parallel_type!r}")
+        if self.owner is not None:
+            self.owner._check_parallelize(self, parallel_type)
+        self.parallel_type = parallel_type
+
+    def __str__(self) -> str:
+        extent = self.display if self.display is not None else str(self._extent)
+        if self.expanded is not None:
+            extent = f"{extent} ex {self.expanded}"
+        return f"{self.iter_type.value}{self.parallel_type}{self.number}{{{extent}}}"
+
+    __repr__ = __str__
+
+
+# ---------------------------------------------------------------------------
+
+
+class Val:
+    def __init__(self, fusion: "Fusion"):
+        self.fusion = fusion
+        self.definition: Optional[Expr] = None
+        self.uses: list[Expr] = []
+
+
+class Scalar(Val):
+    """A scalar: a constant, a symbolic fusion input, or computed by an Expr
+    (`fd.ops.size`, scalar arithmetic). `extent_size` is the symbolic extent
+    it equals when known (so reshapes by `fd.ops.size(x, 0)` stay symbolic)."""
+
+    def __init__(self, fusion, dtype: DataType, value=None, name: Optional[str] = None):
+        super().__init__(fusion)
+        self._dtype = dtype
+        self.value = value
+        self.name = name
+        self.extent_size: Optional[Size] = None
+        if isinstance(value, bool):
+            pass
+        elif isinstance(value, int):
+            self.extent_size = Size(value)
+
+    def dtype(self) -> DataType:
+        return self._dtype
+
+    def is_symbolic(self) -> bool:
+        return self.value is None
+
+    def is_const(self) -> bool:
+        return self.value is not None and self.definition is None
+
+    def as_size(self) -> Size:
+        """This scalar as an extent, for shapes given as scalars."""
+        if self.extent_size is None:
+            sym = Sym(self.fusion.new_symbol_name(), definition=self)
+            self.extent_size = Size.of(sym)
+        return self.extent_size
+
+    def __str__(self) -> str:
+        if self.value is not None and self.definition is None:
+            if isinstance(self.value, bool):
+                return "true" if self.value else "false"
+            if self._dtype == DataType.Double or isinstance(self.value, float):
+                return f"double({self.value!r})"
+            return str(self.value)
+        return self.name or "s?"
+
+    __repr__ = __str__
+
+
+class TensorView(Val):
+    def __init__(self, fusion, number: int, dtype: DataType, logical: list[IterDomain]):
+        super().__init__(fusion)
+        self.number = number
+        self._dtype = dtype
+        self.logical = logical
+        for axis, id_ in enumerate(logical):
+            id_.logical_axis = axis
+            id_.owner = self
+        self.loop: list[IterDomain] = list(logical)
+        self.mesh = None
+        self.sharding_priority: Optional[int] = None
+        self.allocation = None
+        self.contiguity = None
+        self.stride_order = None
+        self.is_cpu = False
+
+    # -- nvfuser_direct API ----------------------------------------------------
+    def dtype(self) -> DataType:
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.non_reduction_axes())
+
+    def num_dims(self) -> int:
+        return len(self.loop)
+
+    def axis(self, index: int) -> IterDomain:
+        n = len(self.loop)
+        if not -n <= index < n:
+            raise NvShardError(
+                f"{self.short_name()}: axis({index}) is out of range; its loop domain has {n} axes"
+            )
+        return self.loop[index]
+
+    def domain(self):
+        return _Domain(self.loop)
+
+    def get_logical_domain(self) -> list[IterDomain]:
+        return list(self.logical)
+
+    def get_loop_domain(self) -> list[IterDomain]:
+        return list(self.loop)
+
+    def set_device_mesh(self, mesh) -> None:
+        from ..multidevice.mesh import DeviceMesh
+
+        if not isinstance(mesh, DeviceMesh):
+            raise NvShardError(f"{self.short_name()}: set_device_mesh expects a DeviceMesh, got {mesh!r}")
+        self.mesh = mesh
+        for id_ in self.loop:
+            if id_.is_device_dim():
+                self._check_mesh_axis(id_, id_.parallel_type)
+
+    def set_sharding_priority(self, priority: int) -> None:
+        """Lower numbers propagate first (0 is the highest priority), as in Shardy."""
+        if not isinstance(priority, int) or priority < 0:
+            raise NvShardError(f"{self.short_name()}: sharding priority must be an int >= 0, got {priority!r}")
+        self.sharding_priority = priority
+
+    def outer_split(self, axis: int, factor: int) -> None:
+        self._split(axis, factor, inner=False)
+
+    def inner_split(self, axis: int, factor: int) -> None:
+        self._split(axis, factor, inner=True)
+
+    def split(self, axis: int, factor: int, inner_split: bool = True) -> None:
+        self._split(axis, factor, inner=inner_split)
+
+    def reorder(self, old2new: dict) -> None:
+        n = len(self.loop)
+        norm = {}
+        for old, new in old2new.items():
+            for v in (old, new):
+                if not -n <= v < n:
+                    raise NvShardError(f"{self.short_name()}: reorder position {v} is out of range for {n} loop axes")
+            norm[old % n] = new % n
+        if len(set(norm.values())) != len(norm):
+            raise NvShardError(f"{self.short_name()}: reorder {old2new} maps two axes to one position")
+        result: list = [None] * n
+        for old, new in norm.items():
+            result[new] = self.loop[old]
+        rest = iter(id_ for i, id_ in enumerate(self.loop) if i not in norm)
+        self.loop = [r if r is not None else next(rest) for r in result]
+
+    def set_allocation_domain(self, ids, contiguity) -> None:
+        self.allocation = list(ids)
+        self.contiguity = contiguity
+
+    def rfactor(self, axes) -> "TensorView":
+        """Accepted for compatibility: nvshard keeps partial sums as state of the
+        reduction axes, so the split that rfactor makes explicit is implicit."""
+        for a in axes:
+            if not self.axis(a).is_reduction():
+                raise NvShardError(f"{self.short_name()}: rfactor axis {a} is not a reduction axis")
+        return self
+
+    # -- helpers -----------------------------------------------------------------
+    def short_name(self) -> str:
+        return f"T{self.number}"
+
+    def non_reduction_axes(self) -> list[int]:
+        return [i for i, id_ in enumerate(self.logical) if not id_.is_reduction()]
+
+    def has_device_mesh(self) -> bool:
+        return self.mesh is not None
+
+    def is_fusion_input(self) -> bool:
+        return self in self.fusion._inputs
+
+    def is_fusion_output(self) -> bool:
+        return self in self.fusion._outputs
+
+    def layouts(self) -> list:
+        """Per logical axis, the layout its loop domain describes."""
+        by_axis: dict[int, list[IterDomain]] = {i: [] for i in range(len(self.logical))}
+        for id_ in self.loop:
+            by_axis[id_.logical_axis].append(id_)
+        result = []
+        for axis in range(len(self.logical)):
+            leaves = sorted(by_axis[axis], key=lambda i: i.path)
+            digits = [leaf.parallel_type.mesh_axis if leaf.is_device_dim() else leaf.extent() for leaf in leaves]
+            result.append(layout.normalize(digits))
+        return result
+
+    def set_layouts(self, layouts: list, mesh) -> None:
+        """Rebuild the loop domain from per-axis layouts (used by passes)."""
+        self.mesh = mesh
+        loop = []
+        for axis, id_ in enumerate(self.logical):
+            digits = layouts[axis]
+            if not digits:
+                id_.parallel_type = ParallelType.Serial
+                loop.append(id_)
+            else:
+                loop.extend(self.fusion.ids_for_layout(self, id_, digits, mesh))
+        self.loop = loop
+
+    def _split(self, axis: int, factor, inner: bool) -> None:
+        n = len(self.loop)
+        if not -n <= axis < n:
+            raise NvShardError(f"{self.short_name()}: split axis {axis} is out of range; the loop domain has {n} axes")
+        if not isinstance(factor, int) or isinstance(factor, bool) or factor <= 0:
+            raise NvShardError(f"{self.short_name()}: split factor must be a positive int, got {factor!r}")
+        pos = axis % n
+        parent = self.loop[pos]
+        if parent.is_device_dim():
+            raise NvShardError(f"{self.short_name()}: axis {axis} is already parallelized on {parent.parallel_type}")
+        factor_size = Size(factor)
+        rest, rest_display = _ceil_div(parent.extent(), factor)
+        fusion = self.fusion
+        if parent.is_remainder:
+            rest_is_remainder = True
+        else:
+            rest_is_remainder = False
+            if parent.extent().divisible_by(factor) is False:
+                raise NvShardError(
+                    f"{self.short_name()}: cannot split axis {axis} of extent {parent.extent()} by {factor}"
+                )
+        kind = parent.iter_type
+        make = lambda extent, path, remainder, display: IterDomain(  # noqa: E731
+            fusion.next_id_number(), extent, kind, None, parent.logical_axis, path, remainder, display
+        )
+        # nvFuser numbers the inner output first.
+        if inner:
+            inner_id = make(factor_size, parent.path + (1,), False, None)
+            outer_id = make(rest, parent.path + (0,), rest_is_remainder, rest_display)
+        else:
+            inner_id = make(rest, parent.path + (1,), rest_is_remainder, rest_display)
+            outer_id = make(factor_size, parent.path + (0,), False, None)
+        for id_ in (outer_id, inner_id):
+            id_.owner = self
+        self.loop[pos : pos + 1] = [outer_id, inner_id]
+
+    def _check_parallelize(self, id_: IterDomain, parallel_type: ParallelType) -> None:
+        if id_ not in self.loop:
+            raise NvShardError(f"{self.short_name()}: {id_} is not in the loop domain")
+        if parallel_type.mesh_axis is None:
+            return
+        for other in self.loop:
+            if other is not id_ and other.parallel_type is parallel_type and other.is_reduction() == id_.is_reduction():
+                raise NvShardError(
+                    f"{self.short_name()}: {parallel_type} already parallelizes loop axis "
+                    f"{self.loop.index(other)}; a mesh axis can shard only one axis of a tensor"
+                )
+        self._check_mesh_axis(id_, parallel_type)
+
+    def _check_mesh_axis(self, id_: IterDomain, parallel_type: ParallelType) -> None:
+        if self.mesh is None:
+            return
+        name = parallel_type.mesh_axis
+        if name not in self.mesh.axis_names:
+            raise NvShardError(
+                f"{self.short_name()}: cannot parallelize loop axis {self.loop.index(id_)} on {parallel_type}: "
+                f"{self.mesh} has {self.mesh.ndim} dimension(s), axes {', '.join('DID' + a for a in self.mesh.axis_names)}"
+            )
+        size = self.mesh.axis_size(name)
+        value = id_.extent().value
+        if value is not None and value != size:
+            raise NvShardError(
+                f"{self.short_name()}: loop axis {self.loop.index(id_)} has extent {value} but {parallel_type} "
+                f"has {size} devices; split it by {size} first"
+            )
+
+    def __str__(self) -> str:
+        if RENDER_STACK and RENDER_STACK[-1] is not None:
+            return RENDER_STACK[-1].render_tv(self)
+        return self.plain_str()
+
+    def plain_str(self) -> str:
+        ids = ", ".join(str(i) for i in self.loop)
+        text = f"T{self.number}_g_{self._dtype}[{ids}]"
+        if self.mesh is not None:
+            text += f" ({self.mesh})"
+        return text
+
+    __repr__ = __str__
+
+
+class _Domain:
+    def __init__(self, ids):
+        self.ids = ids
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(i) for i in self.ids) + "]"
+
+    __repr__ = __str__
+
+
+def _ceil_div(extent: Size, factor: int):
+    value = extent.value
+    if value is not None:
+        return Size(-(-value // factor)), None
+    return extent.divided_by(factor), f"( ceilDiv({extent}, {factor}) )"
+
+
+# ---------------------------------------------------------------------------
+
+
+class Expr:
+    def __init__(self, op, inputs: list, outputs: list, attrs: Optional[dict] = None):
+        self.op = op
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.attrs = dict(attrs or {})
+        self._rule = None
+        self.origin = self  # the user's expr this one was rewired from
+
+    def rewired(self, inputs: list, outputs: list) -> "Expr":
+        """The same op on other values (passes insert communication between)."""
+        copy = Expr(self.op, inputs, outputs, self.attrs)
+        copy.origin = self.origin
+        return copy
+
+    @property
+    def tv_inputs(self) -> list[TensorView]:
+        return [v for v in self.inputs if isinstance(v, TensorView)]
+
+    @property
+    def tv_outputs(self) -> list[TensorView]:
+        return [v for v in self.outputs if isinstance(v, TensorView)]
+
+    def rule(self):
+        if self._rule is None:
+            self._rule = self.op.rule(self)
+        return self._rule
+
+    def __str__(self) -> str:
+        return self.op.format(self)
+
+    def __repr__(self) -> str:
+        outs = ", ".join(v.short_name() if isinstance(v, TensorView) else str(v) for v in self.outputs)
+        return f"<{self.op.name} -> {outs}>"
+
+
+class Fusion:
+    def __init__(self):
+        self._inputs: list[Val] = []
+        self._outputs: list[Val] = []
+        self.exprs: list[Expr] = []
+        self._tv_counter = 0
+        self._id_counter = 0
+        self._sym_counter = 0
+        self._scalar_counter = 0
+
+    # -- nvfuser_direct API ------------------------------------------------------
+    def inputs(self) -> list[Val]:
+        return list(self._inputs)
+
+    def outputs(self) -> list[Val]:
+        return list(self._outputs)
+
+    def print_math(self) -> str:
+        from .printer import print_math
+
+        return print_math(self)
+
+    # -- construction --------------------------------------------------------------
+    def next_id_number(self) -> int:
+        n = self._id_counter
+        self._id_counter += 1
+        return n
+
+    def new_symbol_name(self) -> str:
+        n = self._sym_counter
+        self._sym_counter += 1
+        return f"i{n}"
+
+    def new_scalar_name(self, dtype: DataType) -> str:
+        n = self._scalar_counter
+        self._scalar_counter += 1
+        prefix = {DataType.Double: "d", DataType.Float: "f", DataType.Bool: "b"}.get(dtype, "i")
+        return f"{prefix}s{n}"
+
+    def new_id(self, extent: Size, iter_type=IterType.Iteration, expanded=None) -> IterDomain:
+        return IterDomain(self.next_id_number(), extent, iter_type, expanded)
+
+    def new_tv(self, dtype: DataType, ids: list[IterDomain]) -> TensorView:
+        tv = TensorView(self, self._tv_counter, dtype, ids)
+        self._tv_counter += 1
+        return tv
+
+    def add_expr(self, op, inputs, outputs, attrs=None) -> Expr:
+        expr = Expr(op, inputs, outputs, attrs)
+        for out in outputs:
+            out.definition = expr
+        for inp in inputs:
+            if isinstance(inp, Val) and expr not in inp.uses:
+                inp.uses.append(expr)
+        self.exprs.append(expr)
+        return expr
+
+    def add_input(self, val: Val) -> None:
+        self._inputs.append(val)
+
+    def add_output(self, val: Val) -> None:
+        if not isinstance(val, TensorView):
+            raise NvShardError(f"add_output expects a TensorView, got {val!r}")
+        if val.fusion is not self:
+            raise NvShardError(f"{val.short_name()} belongs to another fusion")
+        self._outputs.append(val)
+
+    def ids_for_layout(self, tv: TensorView, logical_id: IterDomain, digits, mesh) -> list[IterDomain]:
+        """Loop ids laying out one logical axis as `digits`, outermost first."""
+        ids = []
+        for position, digit in enumerate(digits):
+            if isinstance(digit, str):
+                extent = Size(mesh.axis_size(digit))
+            else:
+                extent = digit
+            id_ = IterDomain(self.next_id_number(), extent, logical_id.iter_type, None,
+                             logical_id.logical_axis, (position,), not isinstance(digit, str))
+            if isinstance(digit, str):
+                id_.parallel_type = _PARALLEL_TYPE_OF_AXIS[digit]
+            id_.owner = tv
+            ids.append(id_)
+        return ids
+
+    def tvs(self) -> list[TensorView]:
+        seen = []
+        for v in self._inputs:
+            if isinstance(v, TensorView) and v not in seen:
+                seen.append(v)
+        for e in self.exprs:
+            for v in e.inputs + e.outputs:
+                if isinstance(v, TensorView) and v not in seen:
+                    seen.append(v)
+        return seen
+
+
+_PARALLEL_TYPE_OF_AXIS = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}

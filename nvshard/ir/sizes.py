@@ -1,0 +1,216 @@
+"""Symbolic extents.
+
+Extents are monomials: a rational coefficient times a product of symbols
+(nvFuser's `i0`, `i1`, ...). That is enough to follow extents through
+pointwise ops, permutes, reductions and most reshapes at definition time,
+when input sizes are `-1`. Symbols that must be equal (two operands of an
+add) are unified with a union-find, so later comparisons see one symbol.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Iterable, Optional
+
+
+class Sym:
+    """One symbolic extent. `definition` (a Scalar) computes it at run time
+    when it is not an input extent."""
+
+    def __init__(self, name: str, definition=None):
+        self.name = name
+        self.definition = definition
+        self._parent: Sym = self
+        self._static: Optional[int] = None
+
+    def find(self) -> "Sym":
+        root = self
+        while root._parent is not root:
+            root = root._parent
+        node = self
+        while node._parent is not root:
+            node._parent, node = root, node._parent
+        return root
+
+    @property
+    def static_value(self) -> Optional[int]:
+        return self.find()._static
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def unify_syms(a: Sym, b: Sym) -> None:
+    ra, rb = a.find(), b.find()
+    if ra is rb:
+        return
+    # Keep the older (lower-numbered) name as the representative: it prints as
+    # the extent users defined first.
+    if _sym_order(rb) < _sym_order(ra):
+        ra, rb = rb, ra
+    if ra._static is not None and rb._static is not None and ra._static != rb._static:
+        raise ValueError(f"extents {ra} = {ra._static} and {rb} = {rb._static} must be equal")
+    rb._parent = ra
+    if ra._static is None:
+        ra._static = rb._static
+
+
+def _sym_order(s: Sym) -> tuple:
+    digits = "".join(c for c in s.name if c.isdigit())
+    return (0 if s.definition is None else 1, int(digits) if digits else 0, s.name)
+
+
+class Size:
+    """coef * prod(syms). Immutable; compare with `same_as` or `==`."""
+
+    __slots__ = ("coef", "syms")
+
+    def __init__(self, coef=1, syms: Iterable[Sym] = ()):
+        self.coef = Fraction(coef)
+        self.syms = tuple(syms)
+
+    # -- construction -------------------------------------------------------
+    @staticmethod
+    def of(value) -> "Size":
+        if isinstance(value, Size):
+            return value
+        if isinstance(value, Sym):
+            return Size(1, (value,))
+        if isinstance(value, int):
+            return Size(value)
+        raise TypeError(f"cannot make an extent of {value!r}")
+
+    def canonical(self) -> "Size":
+        coef = self.coef
+        syms = []
+        for s in self.syms:
+            root = s.find()
+            if root._static is not None:
+                coef *= root._static
+            else:
+                syms.append(root)
+        syms.sort(key=_sym_order)
+        return Size(coef, syms)
+
+    def key(self) -> tuple:
+        c = self.canonical()
+        return (c.coef, tuple(id(s) for s in c.syms))
+
+    # -- queries ------------------------------------------------------------
+    @property
+    def is_static(self) -> bool:
+        return not self.canonical().syms
+
+    @property
+    def value(self) -> Optional[int]:
+        c = self.canonical()
+        if c.syms or c.coef.denominator != 1:
+            return None
+        return int(c.coef)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, int):
+            other = Size(other)
+        if not isinstance(other, Size):
+            return NotImplemented
+        return self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __mul__(self, other) -> "Size":
+        other = Size.of(other)
+        return Size(self.coef * other.coef, self.syms + other.syms).canonical()
+
+    __rmul__ = __mul__
+
+    def divided_by(self, other) -> Optional["Size"]:
+        """self / other when the symbols divide exactly; None otherwise.
+        Integer coefficients may become fractions: a symbol is assumed to be
+        divisible, and that is checked once sizes are concrete."""
+        a, b = self.canonical(), Size.of(other).canonical()
+        remaining = list(a.syms)
+        for s in b.syms:
+            for i, r in enumerate(remaining):
+                if r is s:
+                    del remaining[i]
+                    break
+            else:
+                return None
+        return Size(a.coef / b.coef, remaining)
+
+    def divisible_by(self, d: int) -> Optional[bool]:
+        """True/False when decidable, None when it depends on symbols."""
+        c = self.canonical()
+        if (c.coef / d).denominator == 1:
+            return True
+        if not c.syms:
+            return False
+        return None
+
+    def evaluate(self, bindings: dict) -> int:
+        c = self.canonical()
+        value = c.coef
+        for s in c.syms:
+            if s not in bindings:
+                raise KeyError(f"extent {s.name} is not bound")
+            value *= bindings[s]
+        if value.denominator != 1:
+            raise ValueError(f"extent {self} evaluates to the fraction {value}")
+        return int(value)
+
+    def estimate(self, guess: int) -> float:
+        """A number for cost heuristics when symbols are unbound."""
+        c = self.canonical()
+        return float(c.coef) * guess ** len(c.syms)
+
+    # -- printing -------------------------------------------------------------
+    def __str__(self) -> str:
+        c = self.canonical()
+        if not c.syms:
+            if c.coef.denominator == 1:
+                return str(int(c.coef))
+            return f"( {c.coef.numerator} / {c.coef.denominator} )"
+        terms = [s.name for s in c.syms]
+        if c.coef.numerator != 1:
+            terms.insert(0, str(c.coef.numerator))
+        text = terms[0]
+        for t in terms[1:]:
+            text = f"( {text} * {t} )"
+        if c.coef.denominator != 1:
+            # A symbolic extent divided by a split factor, as nvFuser prints it.
+            text = f"( ceilDiv({text}, {c.coef.denominator}) )"
+        return text
+
+    def __repr__(self) -> str:
+        return f"Size({self})"
+
+
+def unify(a: Size, b: Size, what: str = "extents") -> None:
+    """Record that two extents are equal (operands of one pointwise op)."""
+    ca, cb = a.canonical(), b.canonical()
+    if ca.key() == cb.key():
+        return
+    if len(ca.syms) == 1 and ca.coef == 1 and len(cb.syms) == 1 and cb.coef == 1:
+        unify_syms(ca.syms[0], cb.syms[0])
+        return
+    if len(ca.syms) == 1 and ca.coef == 1 and not cb.syms:
+        _bind_static(ca.syms[0], cb, what)
+        return
+    if len(cb.syms) == 1 and cb.coef == 1 and not ca.syms:
+        _bind_static(cb.syms[0], ca, what)
+        return
+    if not ca.syms and not cb.syms:
+        raise ValueError(f"{what} {ca} and {cb} must be equal")
+    # Products of symbols: nothing to unify now; run-time shape checks catch
+    # a mismatch.
+
+
+def _bind_static(sym: Sym, value: Size, what: str) -> None:
+    root = sym.find()
+    v = value.value
+    if v is None:
+        return
+    if root._static is not None and root._static != v:
+        raise ValueError(f"{what} {root.name} = {root._static} and {v} must be equal")
+    root._static = v

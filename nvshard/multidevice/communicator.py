@@ -1,0 +1,57 @@
+"""The process's place in the world, as nvFuser's Communicator reports it.
+
+Rank and size come from the launcher's environment: Open MPI's
+OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, else torchrun's
+RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, else a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+
+def _env_int(names: Iterable[str], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return default
+
+
+class Communicator:
+    _instance = None
+
+    def __init__(self):
+        self._rank = _env_int(["OMPI_COMM_WORLD_RANK", "RANK"], 0)
+        self._size = _env_int(["OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"], 1)
+        self._local_rank = _env_int(["OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"], 0)
+        self._local_size = _env_int(["OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"], 1)
+
+    @classmethod
+    def instance(cls) -> "Communicator":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def local_size(self) -> int:
+        return self._local_size
+
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    def is_distributed(self) -> bool:
+        return self._size > 1
+
+    def barrier(self) -> None:
+        if not self.is_distributed():
+            return
+        from ..runtime.distributed import process_group
+
+        process_group().barrier()

@@ -1,0 +1,264 @@
+"""How one logical axis is laid out over a device mesh.
+
+An axis sharding is a tuple of *digits*, outermost first. A digit is a mesh
+axis name ("x", "y", "z") or a local block given by its `Size`. Element `e`
+of the axis is owned by the devices whose mesh coordinates equal the mesh
+digits of `e` written in that mixed radix. With N the extent and d the mesh
+axis size:
+
+    ()                 replicated
+    ("x", N/d)         outer split parallelized on DIDx (block sharding)
+    (N/d, "x")         inner split parallelized on DIDx (cyclic sharding)
+    ("y", "x", N/4)    two nested outer splits
+    (S, "x", M/d)      what merging [S, M->x] into one axis gives
+
+The local data of a device is its local blocks in order, so one reshape and
+index recipe shards, gathers and scatters every layout.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ..ir.sizes import Size
+
+MESH_AXES = ("x", "y", "z")
+
+AxisSharding = tuple  # of str | Size
+REPLICATED: AxisSharding = ()
+
+
+class ShardingError(ValueError):
+    """A sharding that cannot be applied to the tensor it is on."""
+
+
+def normalize(digits: Sequence) -> AxisSharding:
+    """Merge adjacent local blocks, drop blocks of size 1; () if no mesh digit."""
+    if not any(isinstance(d, str) for d in digits):
+        return ()
+    out: list = []
+    for d in digits:
+        if not isinstance(d, str):
+            d = Size.of(d)
+            if d == 1:
+                continue
+            if out and not isinstance(out[-1], str):
+                d = out.pop() * d
+        out.append(d)
+    return tuple(out)
+
+
+def block(mesh_axes: Sequence[str], extent: Size, mesh_sizes: dict) -> AxisSharding:
+    """Nested outer splits: block(("y", "x"), N, m) == ("y", "x", N/(dy*dx))."""
+    if not mesh_axes:
+        return ()
+    divisor = 1
+    for m in mesh_axes:
+        divisor *= mesh_sizes[m]
+    rest = Size.of(extent).divided_by(divisor)
+    return normalize(tuple(mesh_axes) + (rest,))
+
+
+def mesh_axes_of(digits: AxisSharding) -> tuple:
+    return tuple(d for d in digits if isinstance(d, str))
+
+
+def key(digits: AxisSharding) -> tuple:
+    """Hashable, union-find-stable form for comparisons."""
+    return tuple(d if isinstance(d, str) else d.key() for d in digits)
+
+
+def same(a: AxisSharding, b: AxisSharding) -> bool:
+    return key(a) == key(b)
+
+
+def without(digits: AxisSharding, mesh_axis: str, mesh_sizes: dict) -> AxisSharding:
+    """The layout after gathering `mesh_axis`: its digit becomes a local block."""
+    return normalize([Size(mesh_sizes[d]) if d == mesh_axis else d for d in digits])
+
+
+def describe(digits: AxisSharding) -> str:
+    """Short form for logs: DIDx, DIDy*DIDx, [* DIDx] for inner splits."""
+    if not digits:
+        return "replicated"
+    if not isinstance(digits[-1], str) and all(isinstance(d, str) for d in digits[:-1]):
+        return "*".join("DID" + d for d in digits[:-1])
+    return "[" + " ".join("DID" + d if isinstance(d, str) else "*" for d in digits) + "]"
+
+
+def segments(digits: AxisSharding, extent: int, mesh_sizes: dict, bindings=None) -> list:
+    """Concrete digits [(mesh axis or None, size)] whose sizes multiply to extent."""
+    if not digits:
+        return [(None, extent)]
+    out = []
+    total = 1
+    for d in digits:
+        if isinstance(d, str):
+            size = mesh_sizes[d]
+            out.append((d, size))
+        else:
+            size = d.evaluate(bindings or {})
+            out.append((None, size))
+        total *= size
+    if total != extent:
+        raise ShardingError(f"extent {extent} does not split into {[s for _, s in out]}")
+    return out
+
+
+def local_numel_divisor(digits: AxisSharding, mesh_sizes: dict) -> int:
+    divisor = 1
+    for d in digits:
+        if isinstance(d, str):
+            divisor *= mesh_sizes[d]
+    return divisor
+
+
+# -- layouts of axes made of several factors (reshapes) ----------------------
+
+
+def _whole_quotient(a: Size, b: Size):
+    """a / b when it is a whole extent (symbols are assumed divisible; checked
+    when sizes are concrete)."""
+    q = a.divided_by(b)
+    if q is None:
+        return None
+    c = q.canonical()
+    if not c.syms and c.coef.denominator != 1:
+        return None
+    return q
+
+
+def split_layout(digits: AxisSharding, extents: Sequence[Size], mesh_sizes: dict):
+    """Distribute an axis layout over the factors the axis is made of (outer
+    first). None when a mesh digit would straddle two factors, e.g. DIDx with
+    2 devices over factors [3, 2]."""
+    if len(extents) == 1:
+        return [digits]
+    if not digits:
+        return [() for _ in extents]
+    out: list = [[] for _ in extents]
+    fi, rem = 0, Size.of(extents[0])
+    n = len(extents)
+
+    def advance():
+        nonlocal fi, rem
+        while rem == 1 and fi < n - 1:
+            fi += 1
+            rem = Size.of(extents[fi])
+
+    for d in digits:
+        if isinstance(d, str):
+            advance()
+            q = _whole_quotient(rem, Size(mesh_sizes[d]))
+            if q is None:
+                return None
+            out[fi].append(d)
+            rem = q
+            continue
+        s = d
+        while not s == 1:
+            advance()
+            if s == rem:
+                out[fi].append(s)
+                s, rem = Size(1), Size(1)
+            elif not rem == 1 and _whole_quotient(s, rem) is not None:
+                out[fi].append(rem)
+                s, rem = _whole_quotient(s, rem), Size(1)
+            elif _whole_quotient(rem, s) is not None:
+                out[fi].append(s)
+                rem, s = _whole_quotient(rem, s), Size(1)
+            else:
+                return None
+    return [normalize(o) for o in out]
+
+
+def join_layouts(per_factor: Sequence[AxisSharding], extents: Sequence[Size]) -> AxisSharding:
+    """The layout of an axis made of factors laid out as given."""
+    if len(per_factor) == 1:
+        return per_factor[0]
+    digits: list = []
+    for d, e in zip(per_factor, extents):
+        digits.extend(d if d else (Size.of(e),))
+    return normalize(digits)
+
+
+# -- moving data between layouts --------------------------------------------
+
+
+def take_local(full: torch.Tensor, axis: int, segs: list, coords: dict) -> torch.Tensor:
+    """The block of `full` along `axis` owned by the device at `coords`."""
+    sizes = [s for _, s in segs]
+    shape = list(full.shape)
+    t = full.reshape(shape[:axis] + sizes + shape[axis + 1 :])
+    index: list = [slice(None)] * t.dim()
+    for i, (name, _) in enumerate(segs):
+        if name is not None:
+            index[axis + i] = slice(coords[name], coords[name] + 1)
+    t = t[tuple(index)]
+    local = 1
+    for name, s in segs:
+        if name is None:
+            local *= s
+    return t.reshape(shape[:axis] + [local] + shape[axis + 1 :])
+
+
+def _position_among_locals(segs: list, mesh_axis: str) -> int:
+    position = 0
+    for name, _ in segs:
+        if name == mesh_axis:
+            return position
+        if name is None:
+            position += 1
+    raise ShardingError(f"layout {segs} has no DID{mesh_axis}")
+
+
+def insert_gathered(pieces: list, axis: int, segs: list, mesh_axis: str) -> torch.Tensor:
+    """Inverse of take_local for one mesh digit. `pieces[c]` is the local block
+    of the peer with coordinate c on `mesh_axis`, laid out as `segs`; the
+    result is the local block of the layout with that digit gathered."""
+    stacked = torch.stack(pieces, dim=axis)  # [..., d, local, ...]
+    local_sizes = [s for name, s in segs if name is None]
+    position = _position_among_locals(segs, mesh_axis)
+    shape = list(stacked.shape)
+    t = stacked.reshape(shape[: axis + 1] + local_sizes + shape[axis + 2 :])
+    perm = list(range(t.dim()))
+    gathered = perm.pop(axis)
+    perm.insert(axis + position, gathered)
+    t = t.permute(perm)
+    return t.reshape(shape[:axis] + [shape[axis] * shape[axis + 1]] + shape[axis + 2 :])
+
+
+def expose(local: torch.Tensor, axis: int, segs_after: list, mesh_axis: str) -> torch.Tensor:
+    """View a block that is full along `mesh_axis` as [d, rest] in dim `axis`,
+    chunk c being what the peer with coordinate c owns once `segs_after` (the
+    layout with the digit) applies. Used before a scatter or a local slice."""
+    sizes = []
+    position = None
+    for name, s in segs_after:
+        if name == mesh_axis:
+            position = len(sizes)
+            sizes.append(s)
+        elif name is None:
+            sizes.append(s)
+    if position is None:
+        raise ShardingError(f"layout {segs_after} has no DID{mesh_axis}")
+    shape = list(local.shape)
+    t = local.reshape(shape[:axis] + sizes + shape[axis + 1 :])
+    perm = list(range(t.dim()))
+    chunk_dim = perm.pop(axis + position)
+    perm.insert(axis, chunk_dim)
+    t = t.permute(perm)
+    d = sizes[position]
+    rest = 1
+    for s in sizes:
+        rest *= s
+    return t.reshape(shape[:axis] + [d, rest // d] + shape[axis + 1 :])
+
+
+def mesh_position(digits: AxisSharding, mesh_axis: str) -> Optional[int]:
+    for i, d in enumerate(digits):
+        if d == mesh_axis:
+            return i
+    return None

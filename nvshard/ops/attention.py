@@ -1,0 +1,226 @@
+"""Scaled dot-product attention, forward and backward (nvFuser's sdpfa_fwd and
+sdpfa_bwd), evaluated with explicit math in float so that dropout and
+causal masks are generated for the global shape and then cut to the local
+block: sharded runs equal unsharded runs.
+
+Rule: leading (batch, head) axes and the query length pass through; the key
+length and the q/k head dim are needed whole (softmax and the logits are not
+sums of per-device parts). The backward pass needs queries whole too
+(key/value gradients sum over queries).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir.dtypes import DataType
+from ..ir.nodes import NvShardError, TensorView
+from ..ir.sizes import Size, unify
+from . import common
+from .registry import FactorKind, OpSpec, ShardingRule, Stage, frontend, register
+
+
+def _scalar_arg(fusion, value, name):
+    if value is None:
+        return None
+    if isinstance(value, TensorView):
+        raise NvShardError(f"sdpfa: {name} must be a scalar, got {value.short_name()}")
+    return common.as_val(fusion, value)
+
+
+def _dropout_mask(shape, p, seed, device):
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    keep = torch.rand(shape, generator=gen) >= p
+    return keep.to(device)
+
+
+def _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, global_rows_shape, localize):
+    """Float math attention. `global_rows_shape` is the global [*batch, L];
+    `localize(t)` cuts a global [*batch, L, S] tensor to this device's block."""
+    n_k = k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if is_causal:
+        causal = torch.ones(global_rows_shape[-1], n_k, dtype=torch.bool).tril()
+        causal = localize(causal.expand(*global_rows_shape, n_k))
+        scores = scores.masked_fill(~causal.to(scores.device), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    if dropout_p:
+        keep = localize(_dropout_mask(list(global_rows_shape) + [n_k], dropout_p, seed, "cpu"))
+        probs = probs * keep.to(probs.device) / (1.0 - dropout_p)
+    return torch.matmul(probs, v), lse
+
+
+class SdpaFwdOp(OpSpec):
+    def __init__(self):
+        super().__init__("sdpfa_fwd", Stage.CONTRACTION)
+
+    def define(self, query, key, value, bias=None, mask=None, dropout_p=None, is_causal=None, scale=None):
+        fusion = common.current_fusion(query, key, value)
+        q = common.expect_tv(query, "sdpfa_fwd", "query")
+        k = common.expect_tv(key, "sdpfa_fwd", "key")
+        v = common.expect_tv(value, "sdpfa_fwd", "value")
+        qi, ki, vi = (common.logical_shape(t) for t in (q, k, v))
+        if not len(qi) == len(ki) == len(vi) or len(qi) < 4:
+            raise NvShardError(f"sdpfa_fwd: query, key and value must have the same rank >= 4, got "
+                               f"{len(qi)}, {len(ki)}, {len(vi)}")
+        if not q.dtype() == k.dtype() == v.dtype():
+            raise NvShardError(f"sdpfa_fwd: query, key and value dtypes differ: {q.dtype()}, {k.dtype()}, {v.dtype()}")
+        for j in range(len(qi) - 2):
+            for t, ids in ((k, ki), (v, vi)):
+                unify(qi[j].extent(), ids[j].extent())
+        unify(qi[-1].extent(), ki[-1].extent())
+        unify(ki[-2].extent(), vi[-2].extent())
+        inputs = [q, k, v]
+        attrs = {"has_bias": bias is not None, "has_mask": mask is not None}
+        for name, t, dtype in (("bias", bias, q.dtype()), ("mask", mask, DataType.Bool)):
+            if t is None:
+                continue
+            t = common.expect_tv(t, "sdpfa_fwd", name)
+            if len(common.logical_shape(t)) != len(qi):
+                raise NvShardError(f"sdpfa_fwd: {name} {t.short_name()} must have rank {len(qi)}")
+            if t.dtype() != dtype:
+                raise NvShardError(f"sdpfa_fwd: {name} {t.short_name()} must be {dtype}, got {t.dtype()}")
+            inputs.append(t)
+        scalars = {}
+        for name, val in (("dropout_p", dropout_p), ("is_causal", is_causal), ("scale", scale)):
+            sv = _scalar_arg(fusion, val, name)
+            scalars[name] = sv
+            if sv is not None:
+                inputs.append(sv)
+        attrs["scalars"] = scalars
+        out_ids = [fusion.new_id(i.extent()) for i in qi[:-1]] + [fusion.new_id(vi[-1].extent())]
+        lse_ids = [fusion.new_id(i.extent()) for i in qi[:-1]]
+        out = fusion.new_tv(q.dtype(), out_ids)
+        lse = fusion.new_tv(DataType.Float, lse_ids)
+        seed = fusion.new_tv(DataType.UInt64, [fusion.new_id(Size(2))])
+        offset = fusion.new_tv(DataType.UInt64, [])
+        fusion.add_expr(self, inputs, [out, lse, seed, offset], attrs)
+        return out, lse, seed, offset
+
+    def rule(self, expr):
+        rule = ShardingRule()
+        q, k, v = expr.inputs[:3]
+        qi, ki, vi = (common.logical_shape(t) for t in (q, k, v))
+        batch = [rule.add_factor(f"b{j}", qi[j].extent()) for j in range(len(qi) - 2)]
+        L = rule.add_factor("l", qi[-2].extent())
+        S = rule.add_factor("s", ki[-2].extent(), FactorKind.REPLICATED)
+        E = rule.add_factor("e", qi[-1].extent(), FactorKind.REPLICATED)
+        Ev = rule.add_factor("ev", vi[-1].extent())
+        rule.operands.append([(f,) for f in batch] + [(L,), (E,)])
+        rule.operands.append([(f,) for f in batch] + [(S,), (E,)])
+        rule.operands.append([(f,) for f in batch] + [(S,), (Ev,)])
+        full = batch + [L, S]
+        for t in expr.tv_inputs[3:]:
+            ids = common.logical_shape(t)
+            rule.operands.append([() if id_.is_broadcast() else (f,) for id_, f in zip(ids, full)])
+        seed_axis = rule.add_factor("seed", 2, FactorKind.REPLICATED)
+        rule.results = [
+            [(f,) for f in batch] + [(L,), (Ev,)],
+            [(f,) for f in batch] + [(L,)],
+            [(seed_axis,)],
+            [],
+        ]
+        return rule
+
+    def evaluate(self, expr, args, ctx):
+        out_tv = expr.outputs[0]
+        tensors = args[: len(expr.tv_inputs)]
+        q, k, v = (common.upcast(t, DataType.Float).float() for t in tensors[:3])
+        extra = iter(tensors[3:])
+        bias = next(extra).float() if expr.attrs["has_bias"] else None
+        mask = next(extra).bool() if expr.attrs["has_mask"] else None
+        s = expr.attrs["scalars"]
+        dropout_p = float(ctx.scalar(s["dropout_p"])) if s["dropout_p"] is not None else 0.0
+        is_causal = bool(ctx.scalar(s["is_causal"])) if s["is_causal"] is not None else False
+        scale = float(ctx.scalar(s["scale"])) if s["scale"] is not None else None
+        seed = ctx.rng_seed(expr)
+        rows = ctx.global_shape(0)[:-1]  # [*batch, L]
+        localize = lambda t: ctx.localize(0, t, list(range(len(rows))) + [None])  # noqa: E731
+        out, lse = _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, rows, localize)
+        seed_t = torch.tensor([seed, 0], dtype=torch.uint64)
+        offset_t = torch.tensor(0, dtype=torch.uint64)
+        return [common.to_dtype(out, out_tv.dtype()), lse.float(), seed_t, offset_t]
+
+    def format(self, expr):
+        q, k, v = expr.inputs[:3]
+        outs = ",\n".join(str(o) for o in expr.outputs)
+        text = f"{outs}\n    = sdpa({q},\n          {k},\n          {v}"
+        s = expr.attrs["scalars"]
+        for name in ("dropout_p", "is_causal", "scale"):
+            if s[name] is not None:
+                text += f",\n          {name} = {s[name]}"
+        return text + ")\n"
+
+
+class SdpaBwdOp(OpSpec):
+    def __init__(self):
+        super().__init__("sdpfa_bwd", Stage.CONTRACTION)
+
+    def define(self, grad_output, query, key, value, output, logsumexp, dropout_p, is_causal,
+               philox_seed, philox_offset, scale):
+        fusion = common.current_fusion(query, key, value)
+        tvs = []
+        for name, t in (("grad_output", grad_output), ("query", query), ("key", key), ("value", value),
+                        ("output", output), ("logsumexp", logsumexp), ("philox_seed", philox_seed),
+                        ("philox_offset", philox_offset)):
+            tvs.append(common.expect_tv(t, "sdpfa_bwd", name))
+        scalars = {}
+        inputs = list(tvs)
+        for name, val in (("dropout_p", dropout_p), ("is_causal", is_causal), ("scale", scale)):
+            sv = _scalar_arg(fusion, val, name)
+            scalars[name] = sv
+            if sv is not None:
+                inputs.append(sv)
+        outs = [fusion.new_tv(t.dtype(), common.strip_reductions(fusion, t)) for t in tvs[1:4]]
+        fusion.add_expr(self, inputs, outs, {"scalars": scalars})
+        return tuple(outs)
+
+    def rule(self, expr):
+        rule = ShardingRule()
+        grad_out, q, k, v, out, lse, seed, offset = expr.tv_inputs
+        qi, ki, vi = (common.logical_shape(t) for t in (q, k, v))
+        batch = [rule.add_factor(f"b{j}", qi[j].extent()) for j in range(len(qi) - 2)]
+        L = rule.add_factor("l", qi[-2].extent(), FactorKind.REPLICATED)
+        S = rule.add_factor("s", ki[-2].extent(), FactorKind.REPLICATED)
+        E = rule.add_factor("e", qi[-1].extent(), FactorKind.REPLICATED)
+        Ev = rule.add_factor("ev", vi[-1].extent(), FactorKind.REPLICATED)
+        bq = [(f,) for f in batch]
+        seed_axis = rule.add_factor("seed", 2, FactorKind.REPLICATED)
+        rule.operands = [bq + [(L,), (Ev,)], bq + [(L,), (E,)], bq + [(S,), (E,)], bq + [(S,), (Ev,)],
+                         bq + [(L,), (Ev,)], bq + [(L,)], [(seed_axis,)], []]
+        rule.results = [bq + [(L,), (E,)], bq + [(S,), (E,)], bq + [(S,), (Ev,)]]
+        return rule
+
+    def evaluate(self, expr, args, ctx):
+        grad_out, q, k, v, out, lse, seed_t, _ = args[:8]
+        s = expr.attrs["scalars"]
+        dropout_p = float(ctx.scalar(s["dropout_p"])) if s["dropout_p"] is not None else 0.0
+        is_causal = bool(ctx.scalar(s["is_causal"])) if s["is_causal"] is not None else False
+        scale = float(ctx.scalar(s["scale"])) if s["scale"] is not None else None
+        seed = int(seed_t[0].item())
+        qf, kf, vf = (t.float().detach().requires_grad_(True) for t in (q, k, v))
+        rows = ctx.global_shape(0)[:-1]  # grad_q is [*batch, L, E]
+        localize = lambda t: ctx.localize(0, t, list(range(len(rows))) + [None])  # noqa: E731
+        with torch.enable_grad():
+            o, _ = _attention(qf, kf, vf, None, None, dropout_p, is_causal, scale, seed, rows, localize)
+            grads = torch.autograd.grad(o, (qf, kf, vf), grad_out.float())
+        return [common.to_dtype(g, t.dtype()) for g, t in zip(grads, expr.outputs)]
+
+    def format(self, expr):
+        outs = ",\n".join(str(o) for o in expr.outputs)
+        ins = ",\n          ".join(str(t) for t in expr.tv_inputs[:6])
+        return f"{outs}\n    = sdpa_bwd({ins})\n"
+
+
+_sdpa_fwd = register(SdpaFwdOp())
+frontend("sdpfa_fwd")(_sdpa_fwd.define)
+_sdpa_bwd = register(SdpaBwdOp())
+frontend("sdpfa_bwd")(_sdpa_bwd.define)

@@ -1,0 +1,272 @@
+"""Elementwise ops: unary, binary, where, cast, set, stride_order.
+
+Rule: every result axis is a pass-through factor; operands map right-aligned
+(nvFuser broadcasts lower-rank operands from the left); size-1 broadcast
+axes map to no factor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ir.dtypes import DataType
+from ..ir.nodes import NvShardError, Scalar, TensorView
+from ..ir.sizes import Size
+from . import common
+from .registry import OpSpec, Stage, frontend, register
+
+
+def _scalar_result(fusion, spec, operands, dtype):
+    out = Scalar(fusion, dtype, None, fusion.new_scalar_name(dtype))
+    fusion.add_expr(spec, operands, [out])
+    return out
+
+
+def _tensor_result(fusion, spec, operands, dtype, op_name, attrs=None):
+    tvs = [o for o in operands if isinstance(o, TensorView)]
+    ids = common.broadcast_output_ids(fusion, tvs, op_name)
+    out = fusion.new_tv(dtype, ids)
+    fusion.add_expr(spec, operands, [out], attrs)
+    return out
+
+
+def _to_torch(value):
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+
+
+def _finish(result, out, args):
+    """Cast to the result dtype; scalar results go back to Python numbers."""
+    if isinstance(out, Scalar):
+        value = _to_torch(result).to(out.dtype().torch_dtype)
+        return value.item()
+    return common.to_dtype(result, out.dtype())
+
+
+# -- unary ---------------------------------------------------------------------
+
+
+class UnaryOp(OpSpec):
+    def __init__(self, name, fn, printed, float_result: bool, inline: bool = False):
+        super().__init__(name, Stage.PASS_THROUGH)
+        self.fn = fn
+        self.printed = printed
+        self.float_result = float_result
+        self.inline = inline
+
+    def define(self, x):
+        fusion = common.current_fusion(x)
+        x = common.as_val(fusion, x)
+        dtype = x.dtype()
+        if self.float_result and not dtype.is_floating:
+            dtype = DataType.Float
+        if isinstance(x, Scalar):
+            return _scalar_result(fusion, self, [x], dtype)
+        return _tensor_result(fusion, self, [x], dtype, self.name)
+
+    def rule(self, expr):
+        return common.pointwise_rule(expr)
+
+    def evaluate(self, expr, args, ctx):
+        out = expr.outputs[0]
+        args = common.collapse_broadcasts(expr, args)
+        x = common.upcast(_to_torch(args[0]), out.dtype())
+        if not x.is_floating_point() and self.float_result:
+            x = x.to(torch.float32)
+        return [_finish(self.fn(x), out, args)]
+
+    def format(self, expr):
+        out, x = expr.outputs[0], expr.inputs[0]
+        name = self.printed
+        if not self.inline and out.dtype() == DataType.Float and self.float_result and name in ("rsqrt", "tanh"):
+            name += "f"
+        rhs = f"{name}{x}" if self.inline else f"{name}({x})"
+        return f"{out}\n   = {rhs};\n"
+
+
+_UNARY = [
+    ("relu", torch.relu, "relu", False, False),
+    ("neg", torch.neg, "-", False, True),
+    ("rsqrt", torch.rsqrt, "rsqrt", True, False),
+    ("sigmoid", torch.sigmoid, "sigmoid", True, False),
+    ("silu", F.silu, "silu", True, False),
+    ("tanh", torch.tanh, "tanh", True, False),
+    ("reciprocal", torch.reciprocal, "reciprocal", True, False),
+]
+
+for _name, _fn, _printed, _float, _inline in _UNARY:
+    _spec = register(UnaryOp(_name, _fn, _printed, _float, _inline))
+    frontend(_name)(_spec.define)
+
+
+# -- cast / set / stride_order -------------------------------------------------
+
+
+class CastOp(OpSpec):
+    def __init__(self):
+        super().__init__("cast", Stage.PASS_THROUGH)
+
+    def define(self, arg, dtype):
+        if not isinstance(dtype, DataType) or dtype is DataType.Null:
+            raise NvShardError(f"cast: dtype must be a DataType, got {dtype!r}")
+        fusion = common.current_fusion(arg)
+        arg = common.as_val(fusion, arg)
+        if isinstance(arg, Scalar):
+            return _scalar_result(fusion, self, [arg], dtype)
+        return _tensor_result(fusion, self, [arg], dtype, "cast")
+
+    def rule(self, expr):
+        return common.pointwise_rule(expr)
+
+    def evaluate(self, expr, args, ctx):
+        return [_finish(_to_torch(args[0]), expr.outputs[0], args)]
+
+    def format(self, expr):
+        out, x = expr.outputs[0], expr.inputs[0]
+        src = str(x.dtype()).lstrip("_")
+        dst = str(out.dtype()).lstrip("_")
+        return f"{out}\n   = __{src}2{dst}({x});\n"
+
+
+class SetOp(OpSpec):
+    """nvFuser's LoadStoreOp: a copy. stride_order is a copy with a new
+    allocation order, which sharding ignores."""
+
+    def __init__(self, name):
+        super().__init__(name, Stage.PASS_THROUGH)
+
+    def define(self, arg, stride_order=None):
+        fusion = common.current_fusion(arg)
+        arg = common.expect_tv(arg, self.name, "arg")
+        if stride_order is not None:
+            rank = arg.ndim
+            if sorted(stride_order) != list(range(rank)):
+                raise NvShardError(
+                    f"stride_order: {list(stride_order)} is not a permutation of 0..{rank - 1} for {arg.short_name()}"
+                )
+        ids = common.strip_reductions(fusion, arg)
+        out = fusion.new_tv(arg.dtype(), ids)
+        out.stride_order = list(stride_order) if stride_order is not None else None
+        fusion.add_expr(self, [arg], [out])
+        return out
+
+    def rule(self, expr):
+        return common.identity_rule(expr)
+
+    def evaluate(self, expr, args, ctx):
+        return [args[0].clone()]
+
+    def format(self, expr):
+        return common.fmt_call(expr, "Set", [str(expr.inputs[0])])
+
+
+_cast = register(CastOp())
+frontend("cast")(_cast.define)
+_set = register(SetOp("set"))
+frontend("set")(_set.define)
+_stride_order = register(SetOp("stride_order"))
+frontend("stride_order")(lambda arg, stride_order: _stride_order.define(arg, stride_order))
+
+
+# -- binary ----------------------------------------------------------------------
+
+
+class BinaryOp(OpSpec):
+    def __init__(self, name, fn, printed, inline: bool, bool_result: bool = False):
+        super().__init__(name, Stage.PASS_THROUGH)
+        self.fn = fn
+        self.printed = printed
+        self.inline = inline
+        self.bool_result = bool_result
+
+    def define(self, lhs, rhs):
+        fusion = common.current_fusion(lhs, rhs)
+        a, b = common.as_val(fusion, lhs), common.as_val(fusion, rhs)
+        dtype = DataType.Bool if self.bool_result else common.result_dtype([a, b])
+        if not isinstance(a, TensorView) and not isinstance(b, TensorView):
+            out = _scalar_result(fusion, self, [a, b], dtype)
+            if self.name == "mul" and a.extent_size is not None and b.extent_size is not None:
+                out.extent_size = a.extent_size * b.extent_size
+            return out
+        return _tensor_result(fusion, self, [a, b], dtype, self.name)
+
+    def rule(self, expr):
+        return common.pointwise_rule(expr)
+
+    def evaluate(self, expr, args, ctx):
+        out = expr.outputs[0]
+        args = common.collapse_broadcasts(expr, args)
+        if self.bool_result:
+            compute = common.result_dtype(expr.inputs)
+        else:
+            compute = out.dtype()
+        a = common.upcast(args[0], compute)
+        b = common.upcast(args[1], compute)
+        if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+            a = torch.tensor(a)
+        return [_finish(self.fn(a, b), out, args)]
+
+    def format(self, expr):
+        out, a, b = expr.outputs[0], expr.inputs[0], expr.inputs[1]
+        if self.inline:
+            return f"{out}\n   = {a}\n   {self.printed} {b};\n"
+        return f"{out}\n   = {self.printed}({a}\n   , {b});\n"
+
+
+_BINARY = [
+    ("add", torch.add, "+", True, False),
+    ("sub", torch.sub, "-", True, False),
+    ("mul", torch.mul, "*", True, False),
+    ("pow", torch.pow, "pow", False, False),
+    ("lt", torch.lt, "<", True, True),
+]
+
+for _name, _fn, _printed, _inline, _bool in _BINARY:
+    _spec = register(BinaryOp(_name, _fn, _printed, _inline, _bool))
+    frontend(_name)(_spec.define)
+
+
+# -- where -----------------------------------------------------------------------------
+
+
+class WhereOp(OpSpec):
+    def __init__(self):
+        super().__init__("where", Stage.PASS_THROUGH)
+
+    def define(self, pred, value_if_true, value_if_false):
+        fusion = common.current_fusion(pred, value_if_true, value_if_false)
+        c, a, b = (common.as_val(fusion, v) for v in (pred, value_if_true, value_if_false))
+        dtype = common.result_dtype([a, b])
+        if not any(isinstance(v, TensorView) for v in (c, a, b)):
+            return _scalar_result(fusion, self, [c, a, b], dtype)
+        return _tensor_result(fusion, self, [c, a, b], dtype, "where")
+
+    def rule(self, expr):
+        return common.pointwise_rule(expr)
+
+    def evaluate(self, expr, args, ctx):
+        out = expr.outputs[0]
+        args = common.collapse_broadcasts(expr, args)
+        c = _to_torch(args[0]).bool()
+        a = common.upcast(args[1], out.dtype())
+        b = common.upcast(args[2], out.dtype())
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            common_dtype = torch.promote_types(a.dtype, b.dtype)
+            a, b = a.to(common_dtype), b.to(common_dtype)
+        elif isinstance(a, torch.Tensor):
+            b = torch.tensor(b, dtype=a.dtype)
+        elif isinstance(b, torch.Tensor):
+            a = torch.tensor(a, dtype=b.dtype)
+        else:
+            a, b = torch.tensor(a), torch.tensor(b)
+        return [_finish(torch.where(c, a, b), out, args)]
+
+    def format(self, expr):
+        out, c, a, b = expr.outputs[0], *expr.inputs
+        return f"{out}\n   = where({c}\n   , {a}\n   , {b});\n"
+
+
+_where = register(WhereOp())
+frontend("where")(_where.define)
+
+__all__ = ["UnaryOp", "BinaryOp", "WhereOp", "CastOp", "SetOp", "Size"]

@@ -1,0 +1,137 @@
+"""One place per op: its frontend call, sharding rule, torch evaluation and
+printed form.
+
+A sharding rule is a factor mapping in the spirit of Shardy's
+OpShardingRule: each axis of each tensor operand and result names the
+factors it is made of (outer first; a broadcast axis names none). Factors
+have a kind:
+
+  PASS        the factor flows through: shard it anywhere, no communication
+  SUM         a contraction: sharding it leaves partial sums on the result's
+              reduction axis, resolved later by reduce-scatter or allreduce
+  REPLICATED  the op needs the whole factor on each device (a sliced or
+              concatenated axis, the normalized axis of var_mean, attention's
+              key length)
+
+The propagation engine, the decomposition pass and the cost model read
+rules only; none of them knows op names.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..ir.sizes import Size
+
+
+class Stage(enum.IntEnum):
+    """Op classes in the order propagation prefers to cross them."""
+
+    PASS_THROUGH = 1
+    CONTRACTION = 2
+    RESHAPE = 3
+    COMMUNICATION = 4
+
+
+class FactorKind(enum.Enum):
+    PASS = "pass"
+    SUM = "sum"
+    REPLICATED = "replicated"
+
+
+@dataclass
+class Factor:
+    name: str
+    extent: Size
+    kind: FactorKind
+
+
+@dataclass
+class ShardingRule:
+    factors: list[Factor] = field(default_factory=list)
+    operands: list[list[tuple]] = field(default_factory=list)  # per TensorView input
+    results: list[list[tuple]] = field(default_factory=list)  # per TensorView output
+
+    def add_factor(self, name: str, extent, kind: FactorKind = FactorKind.PASS) -> int:
+        self.factors.append(Factor(name, Size.of(extent), kind))
+        return len(self.factors) - 1
+
+    def describe(self) -> str:
+        """Einsum-like text, e.g. `b i k, n k -> b i n {k: sum}`."""
+
+        def axis_text(factors: tuple) -> str:
+            if not factors:
+                return "1"
+            if len(factors) == 1:
+                return self.factors[factors[0]].name
+            return "(" + " ".join(self.factors[f].name for f in factors) + ")"
+
+        def tensor_text(axes: list) -> str:
+            return " ".join(axis_text(a) for a in axes) or "scalar"
+
+        lhs = ", ".join(tensor_text(o) for o in self.operands)
+        rhs = ", ".join(tensor_text(r) for r in self.results)
+        special = [f"{f.name}: {f.kind.value}" for f in self.factors if f.kind is not FactorKind.PASS]
+        text = f"{lhs} -> {rhs}"
+        if special:
+            text += " {" + ", ".join(special) + "}"
+        return text
+
+
+class OpSpec:
+    """An op kind. Subclasses or instances fill in the hooks below."""
+
+    name: str = "?"
+    stage: Stage = Stage.PASS_THROUGH
+    is_communication = False
+
+    def __init__(self, name: str, stage: Stage = Stage.PASS_THROUGH, *, rule=None, evaluate=None,
+                 format=None, legacy_reference_order=None):
+        self.name = name
+        self.stage = stage
+        if rule is not None:
+            self.rule = rule
+        if evaluate is not None:
+            self.evaluate = evaluate
+        if format is not None:
+            self.format = format
+        if legacy_reference_order is not None:
+            self.legacy_reference_order = legacy_reference_order
+
+    def rule(self, expr) -> ShardingRule:
+        raise NotImplementedError(self.name)
+
+    def evaluate(self, expr, args: list, ctx) -> list:
+        raise NotImplementedError(self.name)
+
+    def format(self, expr) -> str:
+        raise NotImplementedError(self.name)
+
+    def legacy_reference_order(self, expr) -> Optional[list]:
+        """Which operands nvFuser's legacy pass copies shardings from first
+        (indices into the TensorView inputs); None sorts by device axes."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"OpSpec({self.name})"
+
+
+OPS: dict[str, OpSpec] = {}
+FRONTEND: dict[str, Callable] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    OPS[spec.name] = spec
+    return spec
+
+
+def frontend(name: str):
+    """Expose a function as `fd.ops.<name>`."""
+
+    def wrap(fn):
+        FRONTEND[name] = fn
+        return fn
+
+    return wrap

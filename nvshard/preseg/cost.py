@@ -1,0 +1,138 @@
+"""Bytes a sharding decision costs, from the same reshard plans the
+decomposition pass will emit.
+
+With concrete sizes a cost is the bytes received per device. With symbolic
+sizes (-1 extents and no input shapes) nvshard uses a documented heuristic:
+static-shaped fusion inputs are parameters ("weights") and moving them is
+worse than moving any activation, so costs compare (weight bytes, other
+bytes) in that order, symbolic extents counting SYMBOLIC_EXTENT_GUESS each.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..ir.nodes import TensorView
+from . import compute_sharding as cs
+from .program import TvState
+from ..multidevice import layout
+from .reshard import NumelModel, format_bytes, plan_reshard
+
+SYMBOLIC_EXTENT_GUESS = 2048
+MAX_COMPLETIONS = 64
+
+
+@dataclass
+class Cost:
+    weight: float = 0.0
+    other: float = 0.0
+    symbolic: bool = False
+    steps: list = field(default_factory=list)  # (tensor name, Step)
+
+    @property
+    def total(self) -> float:
+        return self.weight + self.other
+
+    def key(self) -> tuple:
+        return (self.weight, self.other) if self.symbolic else (self.total,)
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.weight + other.weight, self.other + other.other, self.symbolic, self.steps + other.steps)
+
+    def describe(self) -> str:
+        if self.symbolic:
+            text = f"~{format_bytes(self.total)} (weights {format_bytes(self.weight)})"
+        else:
+            text = format_bytes(self.total)
+        moves = [f"{s.kind} {name}" + (f" over DID{s.mesh_axis}" if s.mesh_axis else "") + f" {format_bytes(s.bytes)}"
+                 for name, s in self.steps if s.bytes]
+        return text + (f": {'; '.join(moves)}" if moves else "")
+
+
+class CostModel:
+    def __init__(self, program, sizes=None):
+        self.program = program
+        self.sizes = sizes
+        self.symbolic = sizes is None
+        self.numel = NumelModel(self.extent)
+        self._weights = {
+            v for v in program.inputs
+            if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
+        }
+
+    def extent(self, tv: TensorView, k: int) -> float:
+        id_ = tv.logical[k]
+        size = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
+        if self.sizes is not None:
+            return float(self.sizes.evaluate_size(size))
+        return size.estimate(SYMBOLIC_EXTENT_GUESS)
+
+    def is_weight(self, tv: TensorView) -> bool:
+        return self.symbolic and tv in self._weights
+
+    def reshard(self, tv: TensorView, src: TvState, dst: TvState) -> Cost:
+        if src.key() == dst.key():
+            return Cost(symbolic=self.symbolic)
+        steps = plan_reshard(tv, src, dst, self.numel)
+        total = sum(s.bytes for s in steps)
+        named = [(tv.short_name(), s) for s in steps]
+        if self.is_weight(tv):
+            return Cost(total, 0.0, self.symbolic, named)
+        return Cost(0.0, total, self.symbolic, named)
+
+    def expr_cost(self, expr, states: dict, options: dict) -> Cost:
+        """Cheapest way to run `expr`. `states[tv]` holds known layouts (None
+        where an axis is still open); an open operand axis costs nothing (it
+        will be laid out as needed); open result axes try `options[(tv, k)]`."""
+        outputs = expr.tv_outputs
+        open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
+        choices = [options.get(key, [()]) for key in open_axes]
+        best = None
+        for n, combo in enumerate(itertools.product(*choices)):
+            if n >= MAX_COMPLETIONS:
+                break
+            filled = {o: TvState(states[o].mesh, list(states[o].layouts)) for o in outputs}
+            for (o, k), digits in zip(open_axes, combo):
+                filled[o].layouts[k] = digits
+            if not all(_consistent(o, filled[o]) for o in outputs):
+                continue
+            cost = self._run_cost(expr, states, filled)
+            if best is None or cost.key() < best.key():
+                best = cost
+        if best is None:  # every completion reused a mesh axis: leave them replicated
+            filled = {o: TvState(states[o].mesh, [() if d is None else d for d in states[o].layouts])
+                      for o in outputs}
+            best = self._run_cost(expr, states, filled)
+        return best
+
+    def _run_cost(self, expr, states, outs) -> Cost:
+        for o in expr.tv_outputs:
+            for k, d in enumerate(outs[o].layouts):
+                if d is None:
+                    outs[o].layouts[k] = ()
+        result_states = [outs[o] for o in expr.tv_outputs]
+        factors = cs.factor_layouts(expr, result_states)
+        mesh = next((s.mesh for s in result_states if s.mesh is not None), None)
+        total = Cost(symbolic=self.symbolic)
+        for i, tv in enumerate(expr.tv_inputs):
+            required = cs.required_state(expr, i, factors, mesh)
+            actual = states[tv]
+            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
+            total = total + self.reshard(tv, src, required)
+        for i, tv in enumerate(expr.tv_outputs):
+            produced = cs.produced_state(expr, i, factors, mesh)
+            total = total + self.reshard(tv, produced, cs.resolved(tv, outs[tv]))
+        return total
+
+
+def _consistent(tv, state: TvState) -> bool:
+    """No mesh axis shards two iteration axes (or two reduction axes)."""
+    seen = {False: set(), True: set()}
+    for id_, digits in zip(tv.logical, state.layouts):
+        axes = set(layout.mesh_axes_of(digits or ()))
+        bucket = seen[id_.is_reduction()]
+        if axes & bucket:
+            return False
+        bucket |= axes
+    return True

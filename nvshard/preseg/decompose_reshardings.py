@@ -1,0 +1,85 @@
+"""DecomposeReshardings: every producer/consumer sharding mismatch becomes
+explicit communication exprs, one mesh axis at a time.
+
+For each expr, the sharding of its results decides how it computes (see
+compute_sharding.py). Operands laid out differently are resharded first;
+results that come out differently (partial sums, a local block to keep)
+are resharded after, the last step writing the original result.
+"""
+
+from __future__ import annotations
+
+from ..ir.nodes import TensorView
+from ..ops.communication import COMMUNICATIONS
+from . import compute_sharding as cs
+from .program import Program, TvState
+from .reshard import NumelModel, plan_reshard
+
+
+class DecomposeReshardingsPass:
+    name = "DecomposeReshardingsPass"
+
+    def __init__(self, numel: NumelModel):
+        self.numel = numel
+
+    def run(self, program: Program) -> None:
+        exprs = []
+        cache: dict = {}
+
+        def emit(tv: TensorView, steps: list, into: TensorView = None) -> TensorView:
+            cur = tv
+            for n, step in enumerate(steps):
+                last = n == len(steps) - 1
+                nxt = into if (last and into is not None) else program.new_tv_like(tv, step.after)
+                program.state[nxt] = step.after
+                exprs.append(_communication(step, cur, nxt))
+                cur = nxt
+            return cur
+
+        def reshard(tv: TensorView, target: TvState) -> TensorView:
+            key = (tv, target.key())
+            if key not in cache:
+                steps = plan_reshard(tv, program.state[tv], target, self.numel)
+                cache[key] = emit(tv, steps) if steps else tv
+            return cache[key]
+
+        for expr in program.exprs:
+            if not expr.tv_outputs:
+                exprs.append(expr)
+                continue
+            results = [program.state[o] for o in expr.tv_outputs]
+            factors = cs.factor_layouts(expr, results)
+            mesh = next((s.mesh for s in results if s.mesh is not None), None)
+            inputs, tv_index = [], 0
+            for v in expr.inputs:
+                if isinstance(v, TensorView):
+                    v = reshard(v, cs.required_state(expr, tv_index, factors, mesh))
+                    tv_index += 1
+                inputs.append(v)
+            outputs, after = [], []
+            for i, out in enumerate(expr.tv_outputs):
+                produced = cs.produced_state(expr, i, factors, mesh)
+                final = cs.resolved(out, program.state[out])
+                steps = plan_reshard(out, produced, final, self.numel)
+                program.state[out] = final
+                if not steps:
+                    outputs.append(out)
+                    continue
+                partial = program.new_tv_like(out, produced)
+                outputs.append(partial)
+                after.append((partial, steps, out))
+            if inputs == expr.inputs and outputs == expr.outputs:
+                exprs.append(expr)
+            else:
+                exprs.append(expr.rewired(inputs, outputs))
+            for partial, steps, out in after:
+                emit(partial, steps, into=out)
+        program.exprs = exprs
+        program.index()
+
+
+def _communication(step, src: TensorView, dst: TensorView):
+    from ..ir.nodes import Expr
+
+    expr = Expr(COMMUNICATIONS[step.kind], [src], [dst], {"step": step})
+    return expr

@@ -1,0 +1,50 @@
+"""The propagation decision log: why each tensor axis got its sharding.
+
+Printed in the PropagateShardingsPass section of
+NVFUSER_DUMP=pre_segmenter_logging; `Plan.explain(tv)` returns the lines
+about one tensor.
+"""
+
+from __future__ import annotations
+
+from ..multidevice import layout
+
+
+class DecisionLog:
+    def __init__(self):
+        self.entries: list[tuple] = []  # (tensor, text)
+
+    def _axis_name(self, tv, axis: int) -> str:
+        id_ = tv.logical[axis]
+        kind = "pending sum on reduction axis" if id_.is_reduction() else "axis"
+        return f"{tv.short_name()} {kind} {axis}"
+
+    def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
+        what = layout.describe(digits) if digits else "replicated"
+        text = f"{self._axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
+        if reason:
+            text += f"; chosen in a conflict ({reason})"
+        self.entries.append((tv, text))
+
+    def note(self, tv, text: str) -> None:
+        if (tv, text) not in self.entries:
+            self.entries.append((tv, text))
+
+    def conflict(self, tv, scored: list, winner: list, reason: str) -> None:
+        lines = [f"conflict at {tv.short_name()} ({len(scored)} candidates):"]
+        for i, (cand, cost) in enumerate(scored):
+            mark = "->" if cand is winner else "  "
+            parts = ", ".join(
+                f"{'pending' if tv.logical[m.axis].is_reduction() else 'axis'} {m.axis}: "
+                f"{layout.describe(m.digits) if m.digits else 'replicated'} (p{m.priority})"
+                for m in sorted(cand, key=lambda m: m.axis)
+            )
+            lines.append(f"  {mark} candidate {chr(65 + i)} {{{parts}}} costs {cost.describe()}")
+        lines.append(f"  winner: candidate A because {reason}")
+        self.entries.append((tv, "\n".join(lines)))
+
+    def explain(self, tv) -> list[str]:
+        return [text for t, text in self.entries if t is tv]
+
+    def text(self) -> str:
+        return "\n".join(text for _, text in self.entries)

@@ -1,0 +1,86 @@
+"""The pre-segmenter: an ordered list of passes over a Program.
+
+`build_plan` runs them for one set of input shapes (concrete when given;
+symbolic at definition time) and returns the Plan the executor runs and
+tests inspect. NVFUSER_DUMP=pre_segmenter_logging prints the program
+before the passes and after each one, in nvFuser's format.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from ..ir.nodes import NvShardError, TensorView
+from ..runtime.sizes import SizeEvaluator
+from .cost import CostModel
+from .decompose_reshardings import DecomposeReshardingsPass
+from .plan import Plan
+from .program import Program
+from .propagate_shardings import PropagateShardingsPass
+from .validate import validate_annotations
+
+SEPARATOR = "=" * 40
+
+
+def dump_enabled(option: str) -> bool:
+    return option in [o.strip() for o in os.environ.get("NVFUSER_DUMP", "").split(",")]
+
+
+def propagation_mode(explicit: Optional[str] = None) -> str:
+    return explicit or os.environ.get("NVSHARD_PROPAGATION", "default")
+
+
+def passes(cost: CostModel, mode: str) -> list:
+    """The pass list, in order."""
+    return [PropagateShardingsPass(cost, mode), DecomposeReshardingsPass(cost.numel)]
+
+
+def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> Plan:
+    mode = propagation_mode(options)
+    validate_annotations(fusion)
+    sizes = _sizes(fusion, global_shapes, scalar_values)
+    program = Program(fusion)
+    cost = CostModel(program, sizes)
+    pipeline = passes(cost, mode)
+    dump = dump_enabled("pre_segmenter_logging")
+    out = sys.stdout
+    if dump:
+        out.write("Fusion before PreSegmenter:\n" + program.print_math() + SEPARATOR + "\n")
+    plan = Plan(fusion, program, sizes, mode)
+    for p in pipeline:
+        p.run(program)
+        if isinstance(p, PropagateShardingsPass):
+            plan.record_propagation(p.log)
+            if sizes is not None:
+                plan.check_divisibility()
+        if dump:
+            out.write(f"Fusion after pass: {p.name}\n" + program.print_math())
+            if isinstance(p, PropagateShardingsPass):
+                out.write("Sharding decisions:\n" + (p.log.text() or "(no annotations)") + "\n")
+            if isinstance(p, DecomposeReshardingsPass):
+                out.write(plan.report() + "\n")
+            out.write(SEPARATOR + "\n")
+    plan.record_communications()
+    if dump:
+        out.flush()
+    return plan
+
+
+def _sizes(fusion, global_shapes, scalar_values) -> Optional[SizeEvaluator]:
+    if global_shapes is None:
+        # Definition time: sizes are concrete when every input extent is static.
+        shapes = []
+        for v in fusion.inputs():
+            if not isinstance(v, TensorView):
+                return None
+            ids = [v.logical[i] for i in v.non_reduction_axes()]
+            if not all(i.extent().is_static or i.is_broadcast() for i in ids):
+                return None
+            shapes.append([1 if i.is_broadcast() else i.extent().value for i in ids])
+        global_shapes = shapes
+    try:
+        return SizeEvaluator(fusion, list(global_shapes), scalar_values)
+    except NvShardError:
+        raise

@@ -1,0 +1,164 @@
+"""A Plan: what the pre-segmenter decided for one set of input shapes.
+
+    plan = nvshard.propagate_shardings(fd, input_shapes)
+    plan.mesh_axes(tv)       per non-reduction axis, the mesh axes sharding it
+    plan.partial_axes(tv)    mesh axes holding pending (partial) sums
+    plan.explain(tv)         the decision-log lines about tv
+    plan.communications      the collectives, with bytes per device
+    plan.bytes_per_device    the most any device receives
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..ir.nodes import NvShardError, TensorView
+from ..multidevice import layout
+from .reshard import format_bytes
+
+
+@dataclass
+class Communication:
+    kind: str
+    tensor: str  # the TensorView resharded (its name, e.g. "T12")
+    mesh_axis: Optional[str]
+    groups: list  # device ids per group
+    bytes_received: Optional[float]  # per device in a group; None when sizes are symbolic
+    bytes_sent: Optional[float]
+
+    def __str__(self) -> str:
+        where = f" over DID{self.mesh_axis}" if self.mesh_axis else ""
+        size = format_bytes(self.bytes_received) if self.bytes_received is not None else "symbolic"
+        groups = " ".join("{" + " ".join(map(str, g)) + "}" for g in self.groups)
+        return f"{self.kind} {self.tensor}{where}, groups {groups}: {size} received per device"
+
+
+class Plan:
+    def __init__(self, fusion, program, sizes, mode: str):
+        self.fusion = fusion
+        self.program = program
+        self.sizes = sizes
+        self.mode = mode
+        self.propagated: dict = {}
+        self.log = None
+        self.communications: list[Communication] = []
+        self._received: dict = {}
+
+    # -- built by the pipeline --------------------------------------------------------
+    def record_propagation(self, log) -> None:
+        self.log = log
+        self.propagated = {tv: state.copy() for tv, state in self.program.state.items()}
+
+    def check_divisibility(self) -> None:
+        for tv, state in self.propagated.items():
+            if state.mesh is None:
+                continue
+            sizes = state.mesh.axis_sizes()
+            for k, digits in enumerate(state.layouts):
+                if not digits or tv.logical[k].is_reduction():
+                    continue
+                axis = tv.non_reduction_axes().index(k)
+                extent = self.sizes.global_extent(tv, axis)
+                try:
+                    layout.segments(digits, extent, sizes, self.sizes.bindings)
+                except (layout.ShardingError, ValueError):
+                    need = layout.local_numel_divisor(digits, sizes)
+                    raise NvShardError(
+                        f"{tv.short_name()}: axis {axis} has extent {extent}, which is not divisible by "
+                        f"{'*'.join('DID' + m for m in layout.mesh_axes_of(digits))} ({need} devices)"
+                    ) from None
+
+    def record_communications(self) -> None:
+        received: dict = {}
+        for expr in self.program.exprs:
+            if not expr.op.is_communication or expr.op.kind == "slice":
+                continue
+            step = expr.attrs["step"]
+            src = expr.inputs[0]
+            groups = _groups(step)
+            nbytes = step.bytes if self.sizes is not None else None
+            self.communications.append(Communication(step.kind, src.short_name(), step.mesh_axis, groups,
+                                                     nbytes, nbytes))
+            if nbytes is not None:
+                for group in groups:
+                    for dev in _receivers(step, group):
+                        received[dev] = received.get(dev, 0.0) + nbytes
+        self._received = received
+
+    # -- inspection ----------------------------------------------------------------------
+    def _state(self, tv: TensorView):
+        if tv not in self.propagated:
+            raise NvShardError(f"{tv} is not a TensorView of this fusion")
+        return self.propagated[tv]
+
+    def mesh_axes(self, tv: TensorView) -> list:
+        state = self._state(tv)
+        return [list(layout.mesh_axes_of(state.layouts[k])) for k in tv.non_reduction_axes()]
+
+    def partial_axes(self, tv: TensorView) -> list:
+        return list(self._state(tv).pending(tv))
+
+    def mesh(self, tv: TensorView):
+        return self._state(tv).mesh
+
+    def explain(self, tv: TensorView) -> list:
+        return self.log.explain(tv) if self.log else []
+
+    @property
+    def bytes_per_device(self) -> Optional[float]:
+        if self.sizes is None:
+            return None
+        return max(self._received.values(), default=0.0)
+
+    def bytes_received(self, device: int) -> float:
+        return self._received.get(device, 0.0)
+
+    def report(self) -> str:
+        if not self.communications:
+            return "Communications: none"
+        lines = ["Communications:"] + [f"  {c}" for c in self.communications]
+        if self.sizes is not None:
+            lines.append(f"  bytes received per device: {format_bytes(self.bytes_per_device)}")
+        return "\n".join(lines)
+
+    # -- execution support -------------------------------------------------------------
+    def groups(self) -> list:
+        """Every process group the program uses, in program order."""
+        out = []
+        for expr in self.program.exprs:
+            if expr.op.is_communication and expr.op.kind != "slice":
+                for g in _groups(expr.attrs["step"]):
+                    if len(g) > 1 and g not in out:
+                        out.append(g)
+        return out
+
+    def devices(self) -> set:
+        devs = set()
+        for state in self.program.state.values():
+            if state.mesh is not None:
+                devs.update(state.mesh.vector)
+        return devs
+
+    def check_world(self, world_size: int, rank: int) -> None:
+        devs = self.devices()
+        if devs and max(devs) >= world_size:
+            raise NvShardError(
+                f"the fusion's meshes use devices {sorted(devs)}, but this job has {world_size} process(es); "
+                f"launch with mpirun -np {max(devs) + 1}, or run the ranks in one process with nvshard.simulate"
+            )
+
+
+def _groups(step) -> list:
+    if step.kind == "broadcast":
+        root = step.before.mesh.vector[0]
+        return [[root] + [d for d in step.after.mesh.vector if d != root]]
+    if step.kind == "send_recv":
+        return [[a, b] for a, b in zip(step.before.mesh.vector, step.after.mesh.vector)]
+    return step.after.mesh.groups(step.mesh_axis)
+
+
+def _receivers(step, group) -> list:
+    if step.kind in ("broadcast", "send_recv"):
+        return [d for d in group[1:] if d != group[0]]
+    return list(group)

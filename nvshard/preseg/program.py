@@ -1,0 +1,156 @@
+"""The program the pre-segmenter passes transform.
+
+Passes never mutate the user's Fusion: they work on a Program that starts
+as the fusion's expression list plus a sharding state per TensorView (mesh
+and one layout per logical axis; a layout on a reduction axis is a pending
+sum over those mesh axes). Decomposition adds TensorViews and
+communication expressions to the Program only.
+
+Printing a Program renders every TensorView from its state, so the dump
+shows the device splits a pass decided, in nvFuser's printMath format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..ir import nodes
+from ..ir.nodes import Expr, IterDomain, ParallelType, TensorView
+from ..ir.printer import format_math
+from ..ir.sizes import Size
+from ..multidevice import layout
+
+
+@dataclass
+class TvState:
+    mesh: object = None  # DeviceMesh or None (present on every device)
+    layouts: list = field(default_factory=list)  # per logical axis
+
+    def copy(self) -> "TvState":
+        return TvState(self.mesh, list(self.layouts))
+
+    def pending(self, tv: TensorView) -> tuple:
+        """Mesh axes holding partial sums (the reduction axes' layouts)."""
+        axes = []
+        for id_, digits in zip(tv.logical, self.layouts):
+            if id_.is_reduction():
+                axes.extend(layout.mesh_axes_of(digits))
+        return tuple(axes)
+
+    def used(self, tv: TensorView) -> set:
+        """Mesh axes sharding an iteration axis."""
+        used = set()
+        for id_, digits in zip(tv.logical, self.layouts):
+            if not id_.is_reduction():
+                used.update(layout.mesh_axes_of(digits))
+        return used
+
+    def key(self) -> tuple:
+        return (self.mesh, tuple(layout.key(d) for d in self.layouts))
+
+
+def annotated_state(tv: TensorView) -> TvState:
+    return TvState(tv.mesh, tv.layouts())
+
+
+class Program:
+    def __init__(self, fusion):
+        self.fusion = fusion
+        self.exprs: list[Expr] = list(fusion.exprs)
+        self.inputs = fusion.inputs()
+        self.outputs = fusion.outputs()
+        self.state: dict[TensorView, TvState] = {}
+        for tv in fusion.tvs():
+            self.state[tv] = TvState(tv.mesh, tv.layouts() if tv.mesh is not None else [() for _ in tv.logical])
+        self._tv_counter = fusion._tv_counter
+        self._id_counter = fusion._id_counter
+        self._rendered: dict = {}
+        self.producer: dict[TensorView, Expr] = {}
+        self.consumers: dict[TensorView, list[Expr]] = {}
+        self.index()
+
+    # -- graph queries -----------------------------------------------------------
+    def index(self) -> None:
+        self.producer = {}
+        self.consumers = {tv: [] for tv in self.state}
+        for e in self.exprs:
+            for o in e.tv_outputs:
+                self.producer[o] = e
+            for i in e.tv_inputs:
+                self.consumers.setdefault(i, []).append(e)
+
+    def tvs(self) -> list[TensorView]:
+        return list(self.state)
+
+    def position(self, expr: Expr) -> int:
+        """Index of a user expr in the definition (stable across passes)."""
+        if not hasattr(self, "_positions"):
+            self._positions = {e: i for i, e in enumerate(self.fusion.exprs)}
+        return self._positions.get(expr, -1)
+
+    # -- construction used by passes ---------------------------------------------
+    def new_tv_like(self, tv: TensorView, state: TvState) -> TensorView:
+        """A fresh TensorView with tv's logical axes (reductions dropped when the
+        new state has no pending sums) for an intermediate layout."""
+        ids = [IterDomain(self._next_id(), i.extent(), i.iter_type, i.expanded) for i in tv.logical]
+        new = TensorView(tv.fusion, self._tv_counter, tv.dtype(), ids)
+        self._tv_counter += 1
+        self.state[new] = state
+        return new
+
+    def _next_id(self) -> int:
+        n = self._id_counter
+        self._id_counter += 1
+        return n
+
+    # -- printing ---------------------------------------------------------------------
+    def render_tv(self, tv: TensorView) -> str:
+        state = self.state.get(tv)
+        if state is None or (state.mesh == tv.mesh and state.key() == annotated_state(tv).key()):
+            return tv.plain_str()
+        cache_key = (tv, state.key())
+        if cache_key in self._rendered:
+            return self._rendered[cache_key]
+        ids = []
+        for axis, id_ in enumerate(tv.logical):
+            digits = state.layouts[axis] if axis < len(state.layouts) else ()
+            if not digits:
+                ids.append(_plain(id_))
+                continue
+            for digit in digits:
+                if isinstance(digit, str):
+                    extent, ptype = Size(state.mesh.axis_size(digit)), _PARALLEL[digit]
+                else:
+                    extent, ptype = digit, ParallelType.Serial
+                ids.append(f"{id_.iter_type.value}{ptype}{self._next_id()}{{{extent}}}")
+        text = f"T{tv.number}_g_{tv.dtype()}[{', '.join(ids)}]"
+        if state.mesh is not None:
+            text += f" ({state.mesh})"
+        self._rendered[cache_key] = text
+        return text
+
+    def print_math(self) -> str:
+        with render_with(self):
+            return format_math(self.inputs, self.outputs, self.exprs)
+
+
+_PARALLEL = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
+
+
+def _plain(id_: IterDomain) -> str:
+    extent = id_.display if id_.display is not None else str(id_.extent())
+    if id_.expanded is not None:
+        extent = f"{extent} ex {id_.expanded}"
+    return f"{id_.iter_type.value}S{id_.number}{{{extent}}}"
+
+
+@contextlib.contextmanager
+def render_with(program: Optional[Program]):
+    """Print TensorViews as `program`'s state says while the block runs."""
+    nodes.RENDER_STACK.append(program)
+    try:
+        yield
+    finally:
+        nodes.RENDER_STACK.pop()

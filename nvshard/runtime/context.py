@@ -1,0 +1,133 @@
+"""What an op's torch evaluation may ask about the device it runs on."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ..multidevice import layout
+
+
+def result_only_axes(expr, out_index: int) -> list:
+    """Per non-reduction axis of result `out_index`: True when none of its
+    factors appears in an operand. Ops compute such axes whole (a slice,
+    random numbers, an expansion); the executor keeps the local block."""
+    rule = expr.rule()
+    operand_factors = {f for axes in rule.operands for a in axes for f in a}
+    out = expr.tv_outputs[out_index]
+    flags = []
+    for id_, factors in zip(out.logical, rule.results[out_index]):
+        if id_.is_reduction():
+            continue
+        flags.append(bool(factors) and not any(f in operand_factors for f in factors))
+    return flags
+
+
+class EvalContext:
+    def __init__(self, program, sizes, rank: int, device, execution_index: int = 0):
+        self.program = program
+        self.sizes = sizes
+        self.rank = rank
+        self.device = device
+        self.execution_index = execution_index
+        self.expr = None
+
+    def bind(self, expr) -> None:
+        self.expr = expr
+
+    # -- shapes ---------------------------------------------------------------------
+    def _out(self, i):
+        return self.expr.tv_outputs[i]
+
+    def _state(self, tv):
+        return self.program.state[tv]
+
+    def coords(self, tv) -> dict:
+        mesh = self._state(tv).mesh
+        return mesh.coords(self.rank) if mesh is not None else {}
+
+    def global_shape(self, i: int) -> list:
+        return self.sizes.global_shape(self._out(i))
+
+    def local_shape(self, tv) -> list:
+        state = self._state(tv)
+        shape = []
+        for axis, k in enumerate(tv.non_reduction_axes()):
+            extent = self.sizes.global_extent(tv, axis)
+            digits = state.layouts[k]
+            if digits:
+                extent //= layout.local_numel_divisor(digits, state.mesh.axis_sizes())
+            shape.append(extent)
+        return shape
+
+    def out_shape(self, i: int) -> list:
+        """Local shape the op must produce: local blocks, except whole extents
+        on result-only axes (the executor cuts those after)."""
+        out = self._out(i)
+        local = self.local_shape(out)
+        full = self.global_shape(i)
+        flags = result_only_axes(self.expr, i)
+        return [f if ro else l for l, f, ro in zip(local, full, flags)]
+
+    def localize(self, i: int, t: torch.Tensor, dims: list) -> torch.Tensor:
+        """Cut a global tensor to this device's block: dim d of `t` follows axis
+        dims[d] of result i (None: keep whole)."""
+        out = self._out(i)
+        state = self._state(out)
+        if state.mesh is None:
+            return t
+        sizes = state.mesh.axis_sizes()
+        coords = state.mesh.coords(self.rank)
+        axes = out.non_reduction_axes()
+        for d, a in enumerate(dims):
+            if a is None:
+                continue
+            digits = state.layouts[axes[a]]
+            if digits:
+                segs = layout.segments(digits, t.shape[d], sizes, self.sizes.bindings)
+                t = layout.take_local(t, d, segs, coords)
+        return t
+
+    def global_extent(self, tv, axis: int) -> int:
+        return self.sizes.global_extent(tv, axis)
+
+    def evaluate_size(self, size) -> int:
+        return self.sizes.evaluate_size(size)
+
+    def scalar(self, value):
+        return self.sizes.scalar(value)
+
+    def adds_unreduced_terms(self) -> bool:
+        """False on devices whose partial sums another device's partial
+        already carries an additive term for (all but coordinate 0)."""
+        out = self._out(0)
+        state = self._state(out)
+        coords = self.coords(out)
+        return all(coords.get(m, 0) == 0 for m in state.pending(out))
+
+    def rng_seed(self, expr) -> int:
+        """Same on every rank and for every sharding of the same program."""
+        position = self.program.position(expr.origin)
+        digest = hashlib.sha256(f"{position}:{self.execution_index}".encode()).digest()
+        return int.from_bytes(digest[:4], "little")
+
+
+def localize_result_only(ctx: EvalContext, expr, i: int, t: torch.Tensor) -> torch.Tensor:
+    flags = result_only_axes(expr, i)
+    if not any(flags):
+        return t
+    out = expr.tv_outputs[i]
+    state = ctx.program.state[out]
+    if state.mesh is None:
+        return t
+    sizes = state.mesh.axis_sizes()
+    coords = state.mesh.coords(ctx.rank)
+    axes = out.non_reduction_axes()
+    for d, ro in enumerate(flags):
+        digits = state.layouts[axes[d]]
+        if ro and digits:
+            segs = layout.segments(digits, t.shape[d], sizes, ctx.sizes.bindings)
+            t = layout.take_local(t, d, segs, coords)
+    return t
+
