@@ -54,8 +54,8 @@ def _global_shape(plan, tv) -> list:
 def assemble(plan, tv: TensorView, shards: dict) -> torch.Tensor:
     """Put per-rank shards of a TensorView back into one tensor."""
     state = plan.program.state[tv]
-    if state.mesh is None:
-        return next(iter(shards.values()))
+    if state.mesh is None or not any(state.layouts[k] for k in tv.non_reduction_axes()):
+        return next(t for r, t in shards.items() if state.mesh is None or state.mesh.has(r))
     shape = _global_shape(plan, tv)
     some = next(t for r, t in shards.items() if state.mesh.has(r))
     full = torch.zeros(shape, dtype=some.dtype, device=some.device)
@@ -70,6 +70,23 @@ def assemble(plan, tv: TensorView, shards: dict) -> torch.Tensor:
                 segs = layout.segments(digits, shape[d], sizes, plan.sizes.bindings)
                 idx = layout.take_local(idx, d, segs, coords)
         full.view(-1)[idx.reshape(-1)] = shards[rank].reshape(-1).to(full.dtype)
+    return full
+
+
+def shard_by_plan(plan, tv: TensorView, full: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank's block of the unsharded `full`, laid out as the plan lays out tv."""
+    state = plan.program.state[tv]
+    if state.mesh is None:
+        return full
+    if not state.mesh.has(rank):
+        return full.new_empty(0)
+    sizes = state.mesh.axis_sizes()
+    coords = state.mesh.coords(rank)
+    for d, k in enumerate(tv.non_reduction_axes()):
+        digits = state.layouts[k]
+        if digits:
+            segs = layout.segments(digits, full.shape[d], sizes, plan.sizes.bindings)
+            full = layout.take_local(full, d, segs, coords)
     return full
 
 

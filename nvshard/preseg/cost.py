@@ -117,7 +117,7 @@ class CostModel:
         total = Cost(symbolic=self.symbolic)
         for i, tv in enumerate(expr.tv_inputs):
             required = cs.required_state(expr, i, factors, mesh)
-            actual = states[tv]
+            actual = cs.resolved(tv, states[tv])  # its producer resolved any partial sums
             src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
             total = total + self.reshard(tv, src, required)
         for i, tv in enumerate(expr.tv_outputs):

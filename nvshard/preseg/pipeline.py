@@ -25,7 +25,14 @@ SEPARATOR = "=" * 40
 
 
 def dump_enabled(option: str) -> bool:
-    return option in [o.strip() for o in os.environ.get("NVFUSER_DUMP", "").split(",")]
+    """NVFUSER_DUMP=<options>; in a multi-process job only rank
+    $NVSHARD_DUMP_RANK (default 0, "all" for every rank) prints."""
+    if option not in [o.strip() for o in os.environ.get("NVFUSER_DUMP", "").split(",")]:
+        return False
+    from ..multidevice.communicator import Communicator
+
+    which = os.environ.get("NVSHARD_DUMP_RANK", "0")
+    return which == "all" or Communicator.instance().rank() == int(which)
 
 
 def propagation_mode(explicit: Optional[str] = None) -> str:
@@ -55,6 +62,8 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
             plan.record_propagation(p.log)
             if sizes is not None:
                 plan.check_divisibility()
+        if isinstance(p, DecomposeReshardingsPass):
+            plan.record_communications()
         if dump:
             out.write(f"Fusion after pass: {p.name}\n" + program.print_math())
             if isinstance(p, PropagateShardingsPass):
@@ -62,7 +71,6 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
             if isinstance(p, DecomposeReshardingsPass):
                 out.write(plan.report() + "\n")
             out.write(SEPARATOR + "\n")
-    plan.record_communications()
     if dump:
         out.flush()
     return plan

@@ -129,6 +129,7 @@ class FusionExecutor:
             backend = distributed_backend(device)
         else:
             backend = SimulatedBackend()
+        backend.reset_counters()  # counters describe the last execution
         outputs = run_program(plan, {rank: inputs}, backend, device, self.executions)
         self.executions += 1
         self.last_plan, self.last_backend = plan, backend

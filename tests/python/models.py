@@ -130,3 +130,137 @@ def triangle_reference(direction: Direction, z_in, w_norm_in, b_norm_in, w_p_in,
         out = torch.einsum("bkic,bkjc->bijc", a.float(), b.float()).to(io)
     out = ln(out, w_norm_out, b_norm_out)
     return gate(out, w_p_out, zi, w_g_out)
+
+
+def gelu_tanh(fd, x):
+    """GPT's tanh-approximated gelu, as thunder emits it."""
+    x = fd.ops.cast(x, DataType.Float)
+    x3 = fd.ops.mul(fd.ops.mul(x, x), x)
+    inner = fd.ops.mul(fd.define_scalar(0.797885), fd.ops.add(x, fd.ops.mul(fd.define_scalar(0.044715), x3)))
+    return fd.ops.mul(fd.ops.mul(fd.define_scalar(0.5), x), fd.ops.add(fd.define_scalar(1.0), fd.ops.tanh(inner)))
+
+
+def mlp(fd, t: int, h: int, dtype=DataType.Float, residual: bool = True):
+    """GPT MLP (API.md): out = linear(gelu(linear(inp, up_w)), down_w) [+ inp].
+    t = -1 keeps the token count symbolic."""
+    inp = fd.define_tensor([t, h], dtype=dtype, contiguity=True)
+    up_w = fd.define_tensor([4 * h, h], dtype=dtype, contiguity=True)
+    down_w = fd.define_tensor([h, 4 * h], dtype=dtype, contiguity=True)
+    y = fd.ops.linear(inp, up_w)
+    g = gelu_tanh(fd, y)
+    g = fd.ops.cast(g, dtype)
+    o = fd.ops.linear(g, down_w)
+    out = fd.ops.add(o, inp) if residual else o
+    out = fd.ops.cast(out, dtype)
+    fd.add_output(out)
+    return dict(inp=inp, up_w=up_w, down_w=down_w), dict(y=y, g=g, o=o, out=out)
+
+
+def annotate_mlp(tvs: dict, mesh, sequence_parallel: bool) -> None:
+    d = mesh.size
+    for tv in tvs.values():
+        tv.set_device_mesh(mesh)
+    if sequence_parallel:
+        tvs["inp"].outer_split(0, d)
+        tvs["inp"].axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+    tvs["up_w"].outer_split(0, d)
+    tvs["up_w"].axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+    tvs["down_w"].outer_split(1, d)
+    tvs["down_w"].axis(1).parallelize(nvfuser.ParallelType.mesh_x)
+
+
+def mlp_reference(inp, up_w, down_w, residual=True):
+    x = torch.nn.functional.linear(inp.float(), up_w.float()).to(inp.dtype).float()
+    g = 0.5 * x * (1.0 + torch.tanh(0.797885 * (x + 0.044715 * x * x * x)))
+    o = torch.nn.functional.linear(g.to(inp.dtype).float(), down_w.float()).to(inp.dtype)
+    return (o.float() + inp.float()).to(inp.dtype) if residual else o
+
+
+def _ln(fd, x, w, b, shape):
+    """The layer norm of upstream's transformer forward (thunder's trace)."""
+    var, mean = fd.ops.var_mean(x, dims=[2], correction=0, keepdim=False)
+    var = fd.ops.broadcast_in_dim(var, shape=shape[:2] + [1], broadcast_dims=[0, 1])
+    mean_b = fd.ops.broadcast_in_dim(mean, shape=shape[:2] + [1], broadcast_dims=[0, 1])
+    rstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(1e-5, dtype=DataType.Double)))
+    y = fd.ops.sub(x, fd.ops.broadcast_in_dim(mean_b, shape=shape, broadcast_dims=[0, 1, 2]))
+    y = fd.ops.mul(y, fd.ops.broadcast_in_dim(rstd, shape=shape, broadcast_dims=[0, 1, 2]))
+    y = fd.ops.mul(y, fd.ops.cast(fd.ops.broadcast_in_dim(w, shape=shape, broadcast_dims=[2]), DataType.Float))
+    y = fd.ops.add(y, fd.ops.cast(fd.ops.broadcast_in_dim(b, shape=shape, broadcast_dims=[2]), DataType.Float))
+    return fd.ops.cast(y, DataType.BFloat16), mean, rstd
+
+
+def _dropout(fd, x, shape, p: float):
+    mask = fd.ops.lt(fd.ops.uniform(0.0, 1.0, shape=shape, dtype=DataType.BFloat16), 1.0 - p)
+    x = fd.ops.mul(fd.ops.cast(x, DataType.Float), fd.ops.cast(mask, DataType.Float))
+    return fd.ops.mul(x, 1.0 / (1.0 - p)), mask
+
+
+def transformer_forward(fd, b: int, s: int, h: int, e: int, dropout: float = 0.1):
+    """Upstream's test_transformer_forward definition (a GPT block: layer norm,
+    QKV linear, causal SDPA with dropout, out-projection, residual, MLP).
+    Returns (inputs, named intermediates/outputs)."""
+    bf16 = DataType.BFloat16
+    shape = [b, s, e]
+    inp = fd.define_tensor(shape=[b, s, e], contiguity=True, dtype=bf16)
+    ln0_w = fd.define_tensor(shape=[e], contiguity=True, dtype=bf16)
+    ln0_b = fd.define_tensor(shape=[e], contiguity=True, dtype=bf16)
+    qkv_w = fd.define_tensor(shape=[e * 3, e], contiguity=True, dtype=bf16)
+    qkv_b = fd.define_tensor(shape=[e * 3], contiguity=True, dtype=bf16)
+    proj_w = fd.define_tensor(shape=[e, e], contiguity=True, dtype=bf16)
+    proj_b = fd.define_tensor(shape=[e], contiguity=True, dtype=bf16)
+    ln1_w = fd.define_tensor(shape=[e], contiguity=True, dtype=bf16)
+    ln1_b = fd.define_tensor(shape=[e], contiguity=True, dtype=bf16)
+    up_w = fd.define_tensor(shape=[e * 4, e], contiguity=True, dtype=bf16)
+    up_b = fd.define_tensor(shape=[e * 4], contiguity=True, dtype=bf16)
+    down_w = fd.define_tensor(shape=[e, e * 4], contiguity=True, dtype=bf16)
+    down_b = fd.define_tensor(shape=[e], contiguity=True, dtype=bf16)
+
+    x = fd.ops.cast(inp, dtype=DataType.Float)
+    ln0, ln0_mean, ln0_rstd = _ln(fd, x, ln0_w, ln0_b, shape)
+    qkv = fd.ops.linear(ln0, qkv_w, qkv_b)
+    # Reshape before slice, to avoid slicing along a sharded axis (as upstream).
+    qkv_h = fd.ops.reshape(qkv, new_shape=[b, s, h, 3 * e // h])
+    q = fd.ops.slice(qkv_h, start_indices=[0, 0, 0, 0], end_indices=[b, s, h, e // h])
+    k = fd.ops.slice(qkv_h, start_indices=[0, 0, 0, e // h], end_indices=[b, s, h, 2 * e // h])
+    v = fd.ops.slice(qkv_h, start_indices=[0, 0, 0, 2 * e // h], end_indices=[b, s, h, 3 * e // h])
+    q, k, v = (fd.ops.permute(t, dims=[0, 2, 1, 3]) for t in (q, k, v))
+    sdpa_out, sdpa_lse, sdpa_seed, sdpa_offset = fd.ops.sdpfa_fwd(
+        q, k, v, dropout_p=fd.define_scalar(dropout, dtype=DataType.Double),
+        is_causal=fd.define_scalar(True, dtype=DataType.Bool), scale=None)
+    attn = fd.ops.permute(sdpa_out, dims=[0, 2, 1, 3])
+    attn = fd.ops.stride_order(attn, stride_order=[3, 2, 1, 0])
+    attn = fd.ops.reshape(attn, new_shape=[b, s, e])
+    proj = fd.ops.linear(attn, proj_w, proj_b)
+    dropped, mha_mask = _dropout(fd, proj, shape, dropout)
+    resid = fd.ops.add(x, dropped)
+    ln1, ln1_mean, ln1_rstd = _ln(fd, resid, ln1_w, ln1_b, shape)
+    up = fd.ops.linear(ln1, up_w, up_b)
+    g = fd.ops.cast(gelu_tanh(fd, up), bf16)
+    down = fd.ops.linear(g, down_w, down_b)
+    dropped2, mlp_mask = _dropout(fd, down, shape, dropout)
+    out = fd.ops.cast(fd.ops.add(resid, dropped2), bf16)
+    named = dict(layernorm0_mean=ln0_mean, layernorm0_rstd=ln0_rstd, mha_linear0_out=qkv, sdpa_out=sdpa_out,
+                 sdpa_logsum_exp=sdpa_lse, sdpa_seed=sdpa_seed, sdpa_offset=sdpa_offset, mha_linear1_out=proj,
+                 mha_dropout_mask=mha_mask, layernorm1_mean=ln1_mean, layernorm1_rstd=ln1_rstd,
+                 mlp_linear0_out=up, mlp_dropout_mask=mlp_mask, out=out)
+    for tv in named.values():
+        fd.add_output(tv)
+    inputs = dict(inp=inp, ln0_w=ln0_w, ln0_b=ln0_b, qkv_w=qkv_w, qkv_b=qkv_b, proj_w=proj_w, proj_b=proj_b,
+                  ln1_w=ln1_w, ln1_b=ln1_b, up_w=up_w, up_b=up_b, down_w=down_w, down_b=down_b)
+    return inputs, named
+
+
+def annotate_transformer(inputs: dict, mesh, sequence_parallel: bool) -> None:
+    """Upstream's transformer_forward_multidevice_schedule."""
+    d = mesh.size
+    for tv in inputs.values():
+        tv.set_device_mesh(mesh)
+    if sequence_parallel:
+        inputs["inp"].outer_split(1, d)
+        inputs["inp"].axis(1).parallelize(nvfuser.ParallelType.mesh_x)
+    for name in ("qkv_w", "qkv_b", "up_w", "up_b"):
+        inputs[name].outer_split(0, d)
+        inputs[name].axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+    for name in ("proj_w", "down_w"):
+        inputs[name].outer_split(-1, d)
+        inputs[name].axis(-2).parallelize(nvfuser.ParallelType.mesh_x)
