@@ -162,6 +162,9 @@ def global_input_shapes(fusion, inputs: list, rank: int):
             scalars[val] = t
             shapes.append(t)
             continue
+        if val.mesh is not None and not val.mesh.has(rank):
+            shapes.append(None)  # not on this rank: its extents come from other inputs
+            continue
         if not isinstance(t, torch.Tensor):
             raise NvShardError(f"input {k} ({val.short_name()}) must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != val.ndim:

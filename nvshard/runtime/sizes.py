@@ -25,6 +25,10 @@ class SizeEvaluator:
                 if shape is not None:
                     self.scalars[val] = shape
                 continue
+            if shape is None:
+                # Not on this rank: static extents are known, symbolic ones
+                # must come from other inputs.
+                continue
             ids = [val.logical[i] for i in val.non_reduction_axes()]
             for axis, (id_, extent) in enumerate(zip(ids, shape)):
                 if id_.is_broadcast():
