@@ -407,8 +407,10 @@ class Engine:
             rejected = [m for m in pool if m not in c]
             reject_prio = min((m.priority for m in rejected), default=float("inf"))
             cost = self._candidate_cost(tv, c)
+            # ties: keep a tensor like its producer (data flows forward), then outer axes first
+            forward = sum(1 for m in c if any(p.direction == "forward" for p in m.sources))
             signature = tuple(sorted((m.axis, layout.key(m.digits)) for m in c))
-            scored.append(((-reject_prio, cost.key(), signature), c, cost, reject_prio))
+            scored.append(((-reject_prio, cost.key(), -forward, signature), c, cost, reject_prio))
         scored.sort(key=lambda s: s[0])
         best = scored[0]
         reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
@@ -548,13 +550,15 @@ def _source_text(m: Merged, p: Optional[Proposal]) -> str:
 def _why(best, runner_up, symbolic: bool) -> str:
     if runner_up is None:
         return "only consistent choice"
-    (bp, bc, bs), (rp, rc, rs) = best[0], runner_up[0]
+    (bp, bc, bf, bs), (rp, rc, rf, rs) = best[0], runner_up[0]
     if bp != rp:
         return f"priority: the alternative drops a priority-{best[3] if best[3] != float('inf') else runner_up[3]} sharding"
     if bc != rc:
         if symbolic and bc[0] != rc[0]:
             return "heuristic: weights stay stationary (symbolic sizes)"
         return f"fewer bytes ({best[2].describe()} vs {runner_up[2].describe()})"
+    if bf != rf:
+        return f"tie on bytes ({best[2].describe()}): keep the producer's sharding"
     return "tie: outer axes first"
 
 

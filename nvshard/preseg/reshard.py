@@ -12,9 +12,10 @@ moves. Steps, each over one mesh axis:
   broadcast       copy a tensor from one mesh to the devices of another
   send_recv       move shards between meshes of one shape, device to device
 
-Shrinking steps come first and growing ones last, so each collective moves
-as little as the layouts allow (bytes are proportional to the local size
-when a step runs). Bytes are those a device receives:
+The sequence is the cheapest one (a shortest-path search over layouts, each
+edge one step weighted by its bytes): e.g. [DIDy, DIDx] -> [DIDx, DIDy]
+becomes an allgather over DIDy, an all-to-all over DIDx and a free slice,
+not two allgathers. Bytes are those a device receives:
 
   allgather (d-1)*in, reduce_scatter (d-1)/d*in, allreduce 2(d-1)/d*size,
   all_to_all (d-1)/d*size, broadcast and send_recv: size
@@ -22,7 +23,7 @@ when a step runs). Bytes are those a device receives:
 
 from __future__ import annotations
 
-import itertools
+import heapq
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -54,37 +55,6 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _subsets(items):
-    items = list(items)
-    for r in range(len(items) + 1):
-        yield from itertools.combinations(items, r)
-
-
-def gather_and_slice_sets(src: tuple, dst: tuple, sizes: dict):
-    """Smallest set of mesh digits to gather from `src` so that inserting the
-    remaining digits of `dst` (slices) yields `dst`."""
-    if layout.same(src, dst):
-        return (), ()
-    src_axes = layout.mesh_axes_of(src)
-    dst_axes = layout.mesh_axes_of(dst)
-    # gathering digits that dst does not use is always needed; try those first
-    needed = [m for m in src_axes if m not in dst_axes]
-    optional = [m for m in src_axes if m in dst_axes]
-    for extra in _subsets(optional):
-        gather = tuple(needed) + tuple(extra)
-        base = src
-        for m in gather:
-            base = layout.without(base, m, sizes)
-        kept = set(layout.mesh_axes_of(base))
-        slices = tuple(m for m in dst_axes if m not in kept)
-        target = dst
-        for m in slices:
-            target = layout.without(target, m, sizes)
-        if layout.same(base, target):
-            return gather, slices
-    raise AssertionError(f"no way from {src} to {dst}")  # gathering everything always works
-
-
 class NumelModel:
     """Local element counts of a tensor for a state; `extent(tv, k)` is the
     global extent of logical axis k (a number, possibly an estimate)."""
@@ -114,131 +84,118 @@ class NumelModel:
 
 
 def plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
+    """The cheapest sequence of single-mesh-axis steps from src to dst."""
     itemsize = tv.dtype().itemsize
     if src.mesh is not None and dst.mesh is not None and src.mesh != dst.mesh:
         return _cross_mesh(tv, src, dst, model, itemsize)
     mesh = dst.mesh if dst.mesh is not None else src.mesh
     if mesh is None:
         return []
-    sizes = mesh.axis_sizes()
-    cur = TvState(mesh, list(src.layouts))
     steps: list[Step] = []
-
-    def add(kind, m, axis, dst_axis, new_layouts, factor):
-        nonlocal cur
-        after = TvState(mesh, new_layouts)
-        numel = model.local_numel(tv, cur)
-        steps.append(Step(kind, m, axis, dst_axis, cur, after, factor * numel * itemsize,
-                          sizes[m] if m else 1))
+    cur = TvState(mesh, list(src.layouts))
+    # Expanded broadcast axes hold one value per position: re-lay them out locally.
+    relaid = [dst.layouts[k] if tv.logical[k].is_broadcast() and not tv.logical[k].is_reduction() else d
+              for k, d in enumerate(cur.layouts)]
+    if any(not layout.same(a, b) for a, b in zip(relaid, cur.layouts)):
+        after = TvState(mesh, relaid)
+        steps.append(Step("slice", None, None, None, cur, after, 0.0))
         cur = after
+    if cur.key() == dst.key():
+        return steps
+    return steps + _search(tv, cur, dst, model, itemsize)
 
+
+def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) -> list[Step]:
+    """Dijkstra over layouts; each edge is one collective (or a free slice)
+    over one mesh axis, weighted by the bytes a device receives."""
+    mesh = src.mesh
+    sizes = mesh.axis_sizes()
     iteration = [k for k, id_ in enumerate(tv.logical) if not id_.is_reduction()]
     reduction = [k for k, id_ in enumerate(tv.logical) if id_.is_reduction()]
-    expanded = {k for k in iteration if tv.logical[k].is_broadcast()}
-    # Expanded broadcast axes hold one value per position: re-lay them out locally.
-    free = list(cur.layouts)
-    changed = False
-    for k in expanded:
-        if not layout.same(free[k], dst.layouts[k]):
-            free[k] = dst.layouts[k]
-            changed = True
-    if changed:
-        add("slice", None, None, None, free, 0.0)
-
-    gathers, slices = {}, {}
-    for k in iteration:
-        g, s = gather_and_slice_sets(cur.layouts[k], dst.layouts[k], sizes)
-        gathers[k], slices[k] = list(g), list(s)
-    pending = [m for k in reduction for m in layout.mesh_axes_of(cur.layouts[k])]
     keep_pending = {m for k in reduction for m in layout.mesh_axes_of(dst.layouts[k])}
-    pending = [m for m in pending if m not in keep_pending]
-    used = {m for k in iteration for m in layout.mesh_axes_of(cur.layouts[k])}
+    goal = dst.key()
 
-    def slice_target(m):
-        for k in iteration:
-            if m in slices[k]:
-                return k
-        return None
-
-    def insert(layouts, k, m):
-        """dst's layout of axis k restricted to the digits present so far."""
+    def toward(layouts, k, m):
+        """dst's layout of axis k with m added to the digits present, if that
+        is the present layout plus m (the axis is on its way to dst)."""
         present = set(layout.mesh_axes_of(layouts[k])) | {m}
+        if m not in layout.mesh_axes_of(dst.layouts[k]):
+            return None
         target = dst.layouts[k]
         for other in layout.mesh_axes_of(target):
             if other not in present:
                 target = layout.without(target, other, sizes)
-        return target
+        return target if layout.same(layout.without(target, m, sizes), layouts[k]) else None
 
-    def clear_pending(layouts, m):
-        out = list(layouts)
-        for k in reduction:
-            if m in layout.mesh_axes_of(out[k]):
-                out[k] = layout.without(out[k], m, sizes)
-        return out
+    def moves(state: TvState):
+        lay = state.layouts
+        used = {m for k in iteration for m in layout.mesh_axes_of(lay[k])}
+        pending = [m for k in reduction for m in layout.mesh_axes_of(lay[k]) if m not in keep_pending]
 
-    # 1. slices onto axes that gather nothing, with free mesh axes
-    for k in iteration:
-        for m in list(slices[k]):
-            if gathers[k] or m in used or m in pending:
-                continue
-            new = list(cur.layouts)
-            new[k] = insert(new, k, m)
-            add("slice", m, k, k, new, 0.0)
-            slices[k].remove(m)
-            used.add(m)
-    # 2. reduce-scatter pending sums onto their target axes
-    for m in list(pending):
-        k = slice_target(m)
-        if k is None or gathers[k] or m in used:
+        def without_pending(m):
+            out = list(lay)
+            for k in reduction:
+                if m in layout.mesh_axes_of(out[k]):
+                    out[k] = layout.without(out[k], m, sizes)
+            return out
+
+        for m in pending:
+            d = sizes[m]
+            for b in iteration:
+                t = toward(lay, b, m) if m not in used else None
+                if t is not None:
+                    new = without_pending(m)
+                    new[b] = t
+                    yield "reduce_scatter", m, None, b, new, (d - 1) / d
+            yield "allreduce", m, None, None, without_pending(m), 2 * (d - 1) / d
+        if pending:
+            return  # resolve partial sums before moving data around
+        for a in iteration:
+            for m in layout.mesh_axes_of(lay[a]):
+                d = sizes[m]
+                gathered = list(lay)
+                gathered[a] = layout.without(lay[a], m, sizes)
+                yield "allgather", m, a, None, gathered, d - 1
+                for b in iteration:
+                    if b == a:
+                        continue
+                    t = toward(gathered, b, m)
+                    if t is not None:
+                        moved = list(gathered)
+                        moved[b] = t
+                        yield "all_to_all", m, a, b, moved, (d - 1) / d
+        for b in iteration:
+            for m in layout.mesh_axes_of(dst.layouts[b]):
+                if m in used:
+                    continue
+                t = toward(lay, b, m)
+                if t is not None:
+                    new = list(lay)
+                    new[b] = t
+                    yield "slice", m, b, b, new, 0.0
+
+    start = TvState(mesh, list(src.layouts))
+    frontier = [(0.0, 0, start.key(), start, [])]
+    best = {start.key(): 0.0}
+    counter = 1
+    while frontier:
+        cost, _, key, state, path = heapq.heappop(frontier)
+        if key == goal:
+            return path
+        if cost > best.get(key, float("inf")):
             continue
-        new = clear_pending(cur.layouts, m)
-        new[k] = insert(new, k, m)
-        add("reduce_scatter", m, None, k, new, (sizes[m] - 1) / sizes[m])
-        slices[k].remove(m)
-        pending.remove(m)
-        used.add(m)
-    # 3. all-to-all: a mesh axis moving between two axes
-    for a in iteration:
-        for m in list(gathers[a]):
-            b = slice_target(m)
-            if b is None or b == a or gathers[b] or m in pending:
-                continue
-            new = list(cur.layouts)
-            new[a] = layout.without(new[a], m, sizes)
-            new[b] = insert(new, b, m)
-            add("all_to_all", m, a, b, new, (sizes[m] - 1) / sizes[m])
-            gathers[a].remove(m)
-            slices[b].remove(m)
-    # 4. allreduce pending sums that stay replicated (or whose target still gathers)
-    for m in list(pending):
-        if slice_target(m) is not None and m not in used:
-            continue
-        new = clear_pending(cur.layouts, m)
-        add("allreduce", m, None, None, new, 2 * (sizes[m] - 1) / sizes[m])
-        pending.remove(m)
-    # 5. allgathers
-    for k in iteration:
-        for m in list(gathers[k]):
-            new = list(cur.layouts)
-            new[k] = layout.without(new[k], m, sizes)
-            add("allgather", m, k, None, new, sizes[m] - 1)
-            gathers[k].remove(m)
-            used.discard(m)
-    # 6. pending sums whose target axis had to gather first
-    for m in list(pending):
-        k = slice_target(m)
-        new = clear_pending(cur.layouts, m)
-        new[k] = insert(new, k, m)
-        add("reduce_scatter", m, None, k, new, (sizes[m] - 1) / sizes[m])
-        slices[k].remove(m)
-        pending.remove(m)
-    # 7. the remaining slices
-    for k in iteration:
-        for m in list(slices[k]):
-            new = list(cur.layouts)
-            new[k] = insert(new, k, m)
-            add("slice", m, k, k, new, 0.0)
-    return steps
+        numel = model.local_numel(tv, state)
+        for kind, m, a, b, new_layouts, factor in moves(state):
+            after = TvState(mesh, new_layouts)
+            nbytes = factor * numel * itemsize
+            new_key = after.key()
+            new_cost = cost + nbytes
+            if new_cost < best.get(new_key, float("inf")):
+                best[new_key] = new_cost
+                step = Step(kind, m, a, b, state, after, nbytes, sizes[m])
+                heapq.heappush(frontier, (new_cost, counter, new_key, after, path + [step]))
+                counter += 1
+    raise AssertionError(f"no resharding path for {tv.short_name()} from {src.layouts} to {dst.layouts}")
 
 
 def _cross_mesh(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) -> list[Step]:
