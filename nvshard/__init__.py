@@ -12,6 +12,13 @@ from .ir.dtypes import DataType
 from .ir.nodes import IterDomain, NvShardError, ParallelType, Scalar, TensorView
 from .api import execute_with_dtensors, propagate_shardings, simulate
 
+# Under mpirun, a rank that dies of an uncaught exception ends the whole job
+# (MPI_Abort) instead of leaving its peers waiting in a collective.
+if multidevice.Communicator.instance().size() > 1:
+    from .runtime.distributed import abort_job_on_uncaught_exception
+
+    abort_job_on_uncaught_exception()
+
 __all__ = [
     "DataType",
     "FusionDefinition",
