@@ -180,6 +180,7 @@ class TensorView(Val):
             id_.logical_axis = axis
             id_.owner = self
         self.loop: list[IterDomain] = list(logical)
+        self._non_reduction = None
         self.mesh = None
         self.sharding_priority: Optional[int] = None
         self.allocation = None
@@ -273,7 +274,10 @@ class TensorView(Val):
         return f"T{self.number}"
 
     def non_reduction_axes(self) -> list[int]:
-        return [i for i, id_ in enumerate(self.logical) if not id_.is_reduction()]
+        # the logical domain never changes once built
+        if self._non_reduction is None:
+            self._non_reduction = [i for i, id_ in enumerate(self.logical) if not id_.is_reduction()]
+        return self._non_reduction
 
     def has_device_mesh(self) -> bool:
         return self.mesh is not None
@@ -530,15 +534,15 @@ class Fusion:
         return ids
 
     def tvs(self) -> list[TensorView]:
-        seen = []
+        seen: dict = {}  # insertion-ordered set
         for v in self._inputs:
-            if isinstance(v, TensorView) and v not in seen:
-                seen.append(v)
+            if isinstance(v, TensorView):
+                seen[v] = None
         for e in self.exprs:
             for v in e.inputs + e.outputs:
-                if isinstance(v, TensorView) and v not in seen:
-                    seen.append(v)
-        return seen
+                if isinstance(v, TensorView):
+                    seen[v] = None
+        return list(seen)
 
 
 _PARALLEL_TYPE_OF_AXIS = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}

@@ -13,6 +13,11 @@ from fractions import Fraction
 from typing import Iterable, Optional
 
 
+# Bumped whenever two extents are unified, so cached canonical forms of
+# sizes (computed by the passes, thousands of times) know when to refresh.
+_EPOCH = [0]
+
+
 class Sym:
     """One symbolic extent. `definition` (a Scalar) computes it at run time
     when it is not an input extent."""
@@ -53,6 +58,7 @@ def unify_syms(a: Sym, b: Sym) -> None:
     rb._parent = ra
     if ra._static is None:
         ra._static = rb._static
+    _EPOCH[0] += 1
 
 
 def _sym_order(s: Sym) -> tuple:
@@ -63,11 +69,12 @@ def _sym_order(s: Sym) -> tuple:
 class Size:
     """coef * prod(syms). Immutable; compare with `same_as` or `==`."""
 
-    __slots__ = ("coef", "syms")
+    __slots__ = ("coef", "syms", "_canonical", "_key", "_epoch")
 
     def __init__(self, coef=1, syms: Iterable[Sym] = ()):
-        self.coef = Fraction(coef)
+        self.coef = coef if isinstance(coef, Fraction) else Fraction(coef)
         self.syms = tuple(syms)
+        self._epoch = -1
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -81,6 +88,16 @@ class Size:
         raise TypeError(f"cannot make an extent of {value!r}")
 
     def canonical(self) -> "Size":
+        if self._epoch == _EPOCH[0]:
+            return self._canonical
+        self._canonical = self._compute_canonical()
+        self._key = (self._canonical.coef, tuple(id(s) for s in self._canonical.syms))
+        self._epoch = _EPOCH[0]
+        return self._canonical
+
+    def _compute_canonical(self) -> "Size":
+        if not self.syms:
+            return self
         coef = self.coef
         syms = []
         for s in self.syms:
@@ -93,8 +110,8 @@ class Size:
         return Size(coef, syms)
 
     def key(self) -> tuple:
-        c = self.canonical()
-        return (c.coef, tuple(id(s) for s in c.syms))
+        self.canonical()
+        return self._key
 
     # -- queries ------------------------------------------------------------
     @property
@@ -214,3 +231,4 @@ def _bind_static(sym: Sym, value: Size, what: str) -> None:
     if root._static is not None and root._static != v:
         raise ValueError(f"{what} {root.name} = {root._static} and {v} must be equal")
     root._static = v
+    _EPOCH[0] += 1

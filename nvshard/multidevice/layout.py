@@ -67,6 +67,8 @@ def mesh_axes_of(digits: AxisSharding) -> tuple:
 
 def key(digits: AxisSharding) -> tuple:
     """Hashable, union-find-stable form for comparisons."""
+    if not digits:
+        return ()
     return tuple(d if isinstance(d, str) else d.key() for d in digits)
 
 

@@ -39,6 +39,8 @@ class DeviceMesh:
         self._devices = tensor
         self._flat = flat
         self._coords = {dev: idx for dev, idx in zip(flat, itertools.product(*[range(s) for s in tensor.shape]))}
+        names = layout.MESH_AXES[: tensor.dim()][::-1]
+        self._sizes = {name: int(tensor.shape[i]) for i, name in enumerate(names)}  # read-only
 
     # -- nvfuser_direct API ----------------------------------------------------
     @property
@@ -83,10 +85,10 @@ class DeviceMesh:
         return layout.MESH_AXES[: self.ndim][::-1]
 
     def axis_size(self, name: str) -> int:
-        return self.shape[self.axis_names.index(name)]
+        return self._sizes[name]
 
     def axis_sizes(self) -> dict:
-        return {name: self.axis_size(name) for name in self.axis_names}
+        return self._sizes
 
     def coords(self, device: int) -> Optional[dict]:
         idx = self._coords.get(device)

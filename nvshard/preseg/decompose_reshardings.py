@@ -37,7 +37,10 @@ class DecomposeReshardingsPass:
             return cur
 
         def reshard(tv: TensorView, target: TvState) -> TensorView:
-            key = (tv, target.key())
+            target_key = target.key()
+            if program.state[tv].key() == target_key:
+                return tv
+            key = (tv, target_key)
             if key not in cache:
                 steps = plan_reshard(tv, program.state[tv], target, self.numel)
                 cache[key] = emit(tv, steps) if steps else tv
@@ -60,7 +63,7 @@ class DecomposeReshardingsPass:
             for i, out in enumerate(expr.tv_outputs):
                 produced = cs.produced_state(expr, i, factors, mesh)
                 final = cs.resolved(out, program.state[out])
-                steps = plan_reshard(out, produced, final, self.numel)
+                steps = [] if produced.key() == final.key() else plan_reshard(out, produced, final, self.numel)
                 program.state[out] = final
                 if not steps:
                     outputs.append(out)

@@ -32,6 +32,7 @@ a neighbour. Every decision is logged with its source, priority and stage.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Optional
@@ -98,7 +99,15 @@ class Engine:
         self.proposals: dict = {}  # expr -> [Proposal]
         self.by_target: dict = {}  # tv -> {expr: [Proposal]}
         self._classes: dict = {}  # tv -> (easy [Merged], conflicting [Merged])
+        # Targets whose class must be recomputed, and indexes over the classes,
+        # so each round touches only what changed (linear in program size).
+        self._stale: set = set()
+        self._easy_targets: dict = {}  # stage -> targets with easy proposals of that stage
+        self._conflicted: set = set()
+        self._conflict_heap: list = []
+        self._heap_counter = 0
         self._adjacent = {tv: self._exprs_of(tv) for tv in program.state}
+        self._entry_cache: dict = {}
         self.depth, self.canon = _structure(program)
         self._seed()
 
@@ -143,12 +152,11 @@ class Engine:
             while True:
                 easy = self._easy()
                 if easy:
-                    stage = min(m.stage for _, m in easy)
-                    self._apply([(tv, m) for tv, m in easy if m.stage == stage])
+                    self._apply(easy)
                     continue
-                conflicts = [tv for tv in self.by_target if self._classify(tv)[1]]
-                if conflicts:
-                    self._resolve(min(conflicts, key=self._conflict_order))
+                target = self._next_conflict()
+                if target is not None:
+                    self._resolve(target)
                     continue
                 if not self.releasing:
                     self.releasing = True
@@ -160,12 +168,52 @@ class Engine:
     def _all_exprs(self):
         return [e for e in self.p.exprs if e.tv_outputs]
 
+    def _reclassify(self) -> None:
+        stale, self._stale = self._stale, set()
+        for tv in stale:
+            easy, conflicting = self._classify(tv)
+            stages = {m.stage for m in easy}
+            for stage, targets in self._easy_targets.items():
+                if stage not in stages:
+                    targets.discard(tv)
+            for stage in stages:
+                self._easy_targets.setdefault(stage, set()).add(tv)
+            if conflicting:
+                if tv not in self._conflicted:
+                    self._conflicted.add(tv)
+                    self._push_conflict(tv)
+            else:
+                self._conflicted.discard(tv)
+
     def _easy(self) -> list:
-        out = []
-        for tv in list(self.by_target):
-            easy, _ = self._classify(tv)
-            out.extend((tv, m) for m in easy)
-        return out
+        """The easy proposals of the earliest stage that has any."""
+        self._reclassify()
+        for stage in sorted(self._easy_targets):
+            targets = self._easy_targets[stage]
+            if targets:
+                return [(tv, m) for tv in targets for m in self._classify(tv)[0] if m.stage == stage]
+        return []
+
+    def _push_conflict(self, tv) -> None:
+        heapq.heappush(self._conflict_heap, (self._conflict_order(tv), self._heap_counter, tv))
+        self._heap_counter += 1
+
+    def _next_conflict(self):
+        """The conflicted tensor to resolve first: lowest priority number, then
+        the shallowest, then a structural key (independent of op order)."""
+        self._reclassify()
+        while self._conflict_heap:
+            key, _, tv = self._conflict_heap[0]
+            if tv not in self._conflicted:
+                heapq.heappop(self._conflict_heap)
+                continue
+            current = self._conflict_order(tv)
+            if current != key:
+                heapq.heappop(self._conflict_heap)
+                self._push_conflict(tv)
+                continue
+            return tv
+        return None
 
     # -- proposals ------------------------------------------------------------------------------
     def _active(self, d: Optional[Decision]) -> bool:
@@ -190,6 +238,12 @@ class Engine:
 
     def _entries(self, expr):
         """(tv, logical axis, factors, role) of every tensor axis of expr."""
+        cached = self._entry_cache.get(expr)
+        if cached is None:
+            cached = self._entry_cache[expr] = self._compute_entries(expr)
+        return cached
+
+    def _compute_entries(self, expr):
         rule = expr.rule()
         entries = []
         for i, tv in enumerate(expr.tv_inputs):
@@ -297,9 +351,13 @@ class Engine:
                 touched.add(p.tv)
                 self.by_target.setdefault(p.tv, {}).setdefault(e, []).append(p)
         for tv in touched:
-            self._classes.pop(tv, None)
+            self._invalidate(tv)
             if tv in self.by_target and not any(self.by_target[tv].values()):
                 del self.by_target[tv]
+
+    def _invalidate(self, tv) -> None:
+        self._classes.pop(tv, None)
+        self._stale.add(tv)
 
     # -- classification ---------------------------------------------------------------------------
     def _valid(self, tv) -> list:
@@ -361,16 +419,12 @@ class Engine:
         self._after_change(changed)
 
     def _after_change(self, changed) -> None:
-        exprs = []
+        exprs: dict = {}
         for tv in changed:
-            self._classes.pop(tv, None)
+            self._invalidate(tv)
             for e in self._adjacent.get(tv, []):
-                if e not in exprs:
-                    exprs.append(e)
-        self._refresh(exprs)
-        # targets whose validity depends on the changed tensors' state
-        for tv in changed:
-            self._classes.pop(tv, None)
+                exprs[e] = None
+        self._refresh(list(exprs))
 
     # -- conflicts ----------------------------------------------------------------------------------
     def _conflict_order(self, tv):

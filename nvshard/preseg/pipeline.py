@@ -8,6 +8,8 @@ before the passes and after each one, in nvFuser's format.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 from typing import Optional
@@ -57,7 +59,8 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
         out.write("Fusion before PreSegmenter:\n" + program.print_math() + SEPARATOR + "\n")
     plan = Plan(fusion, program, sizes, mode)
     for p in pipeline:
-        p.run(program)
+        with _no_gc():
+            p.run(program)
         if isinstance(p, PropagateShardingsPass):
             plan.record_propagation(p.log)
             if sizes is not None:
@@ -74,6 +77,19 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
     if dump:
         out.flush()
     return plan
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """The passes allocate many small objects and free none: the cyclic
+    collector would rescan them over and over (quadratic on big fusions)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _sizes(fusion, global_shapes, scalar_values) -> Optional[SizeEvaluator]:
