@@ -35,7 +35,7 @@ import hashlib
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
@@ -52,6 +52,16 @@ class Decision:
     priority: int
     stage: int  # 0 for user annotations
     source: str
+
+
+class _Entry(NamedTuple):
+    tv: TensorView
+    k: int  # logical axis
+    factors: tuple
+    role: str  # "operand" or "result"
+    extents: list  # of the factors
+    reduction: bool
+    names: str  # factor names, for the log
 
 
 @dataclass
@@ -236,58 +246,56 @@ class Engine:
                 used.update(layout.mesh_axes_of(d.digits))
         return used
 
-    def _entries(self, expr):
-        """(tv, logical axis, factors, role) of every tensor axis of expr."""
+    def _entries(self, expr) -> list:
+        """Every tensor axis of expr that maps to factors (fixed structure, cached)."""
         cached = self._entry_cache.get(expr)
         if cached is None:
-            cached = self._entry_cache[expr] = self._compute_entries(expr)
+            rule = expr.rule()
+            cached = []
+            axes = [(tv, zip(tv.non_reduction_axes(), rule.operands[i]), "operand")
+                    for i, tv in enumerate(expr.tv_inputs)]
+            axes += [(tv, enumerate(rule.results[i]), "result") for i, tv in enumerate(expr.tv_outputs)]
+            for tv, pairs, role in axes:
+                for k, factors in pairs:
+                    if factors:
+                        cached.append(_Entry(tv, k, factors, role, [rule.factors[f].extent for f in factors],
+                                             tv.logical[k].is_reduction(),
+                                             " ".join(rule.factors[f].name for f in factors)))
+            self._entry_cache[expr] = cached
         return cached
 
-    def _compute_entries(self, expr):
-        rule = expr.rule()
-        entries = []
-        for i, tv in enumerate(expr.tv_inputs):
-            for k, factors in zip(tv.non_reduction_axes(), rule.operands[i]):
-                if factors:
-                    entries.append((tv, k, factors, "operand"))
-        for i, tv in enumerate(expr.tv_outputs):
-            for k, factors in enumerate(rule.results[i]):
-                if factors:
-                    entries.append((tv, k, factors, "result"))
-        return entries
-
-    def _split(self, tv, k, factors, rule):
-        d = self.decided[tv][k]
-        mesh = self.mesh[tv]
-        if mesh is None:
-            return [() for _ in factors]
-        return layout.split_layout(d.digits, [rule.factors[f].extent for f in factors], mesh.axis_sizes())
-
     def _expr_proposals(self, expr) -> list:
-        rule = expr.rule()
+        decided = self.decided
         entries = self._entries(expr)
-        opinions: dict = {}  # factor -> [(digits, tv, priority, role)]
-        for tv, k, factors, role in entries:
-            d = self.decided[tv][k]
-            if not self._active(d) or not d.digits:
+        targets = [e for e in entries
+                   if decided[e.tv][e.k] is None and not (e.tv in self.frozen and not e.reduction)]
+        if not targets:
+            return []
+        rule = expr.rule()
+        opinions: dict = {}  # factor -> [(digits, tv, priority, role, mesh, compound)]
+        for e in entries:
+            d = decided[e.tv][e.k]
+            if d is None or not d.digits or d.priority > self.level:
                 continue
-            per = self._split(tv, k, factors, rule)
+            mesh = self.mesh[e.tv]
+            per = [d.digits] if len(e.factors) == 1 else layout.split_layout(d.digits, e.extents, mesh.axis_sizes())
             if per is None:
-                self.log.note(tv, f"{tv.short_name()} axis {k}: {layout.describe(d.digits)} cannot cross "
-                                  f"{expr.op.name} (a mesh axis would straddle two of its factors); not propagated")
+                self.log.note(e.tv, f"{e.tv.short_name()} axis {e.k}: {layout.describe(d.digits)} cannot cross "
+                                    f"{expr.op.name} (a mesh axis would straddle two of its factors); not propagated")
                 continue
-            for f, digits in zip(factors, per):
+            compound = len(e.factors) > 1
+            for f, digits in zip(e.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append((digits, tv, d.priority, role, self.mesh[tv], len(factors) > 1))
+                    opinions.setdefault(f, []).append((digits, e.tv, d.priority, e.role, mesh, compound))
+        if not opinions:
+            return []
         proposals = []
-        for tv, k, factors, role in entries:
-            if self.decided[tv][k] is not None or (tv in self.frozen and not tv.logical[k].is_reduction()):
-                continue
-            is_pending = tv.logical[k].is_reduction() and role == "result"
+        for e in targets:
+            is_pending = e.reduction and e.role == "result"
             per_factor = []
-            for f in factors:
+            for f in e.factors:
                 kind = rule.factors[f].kind
-                ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, []) if o[1] is not tv]
+                ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o[1] is not e.tv]
                 if is_pending and kind is FactorKind.SUM:
                     ops = self._pending_options(expr, f, ops, entries)
                     if ops is None:
@@ -300,15 +308,16 @@ class Engine:
             options = [o if o else [None] for o in per_factor]
             for combo in itertools.product(*options):
                 real = [c for c in combo if c is not None]
-                digits = layout.join_layouts([c[0] if c is not None else () for c in combo],
-                                             [rule.factors[f].extent for f in factors])
+                if len(combo) == 1:
+                    digits = real[0][0]
+                else:
+                    digits = layout.join_layouts([c[0] if c is not None else () for c in combo], e.extents)
                 first = real[0]
-                stage = max(_crossing_stage(rule.factors[f].kind, len(factors) > 1 or (c is not None and c[5]))
-                            for f, c in zip(factors, combo))
+                stage = max(_crossing_stage(rule.factors[f].kind, len(e.factors) > 1 or (c is not None and c[5]))
+                            for f, c in zip(e.factors, combo))
                 proposals.append(Proposal(
-                    tv, k, digits, next((c[4] for c in real if c[4] is not None), None),
-                    max(c[2] for c in real), stage, expr,
-                    " ".join(rule.factors[f].name for f in factors), first[1], _direction(first[3], role),
+                    e.tv, e.k, digits, next((c[4] for c in real if c[4] is not None), None),
+                    max(c[2] for c in real), stage, expr, e.names, first[1], _direction(first[3], e.role),
                 ))
         return proposals
 
@@ -317,7 +326,7 @@ class Engine:
         operand on f has decided (or cannot change), plus an explicit
         'replicated' when an operand cannot take the proposed mesh axes."""
         options = list(ops)
-        for tv, k, factors, role in entries:
+        for tv, k, factors, role, *_ in entries:
             if role != "operand" or f not in factors:
                 continue
             d = self.decided[tv][k]
