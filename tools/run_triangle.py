@@ -61,10 +61,14 @@ def main() -> int:
                                          comm.rank())
     error = (out - expected).abs().max().item()
     ok = error < 1e-3 and measured == plan.bytes_received(comm.rank())
+    other = "legacy" if plan.mode != "legacy" else "default"
+    shapes = [list(t.shape) for t in full]
+    other_bytes = nvfuser.propagate_shardings(fd, shapes, propagation=other).bytes_received(comm.rank())
     print(f"[rank {comm.rank()}] {direction.value} triangle update, mesh {mesh}: matmul output sharded "
           f"{plan.mesh_axes(matmul_out)} pending {plan.partial_axes(matmul_out)}; "
           f"max |error| vs unsharded reference {error:.2e}; received {measured / 2**20:.2f} MiB "
-          f"(plan {plan.bytes_received(comm.rank()) / 2**20:.2f} MiB); first execute {elapsed:.2f} s "
+          f"(plan {plan.bytes_received(comm.rank()) / 2**20:.2f} MiB, {other} propagation "
+          f"{other_bytes / 2**20:.2f} MiB); first execute {elapsed:.2f} s "
           f"{'OK' if ok else 'MISMATCH'}", flush=True)
     return 0 if ok else 1
 

@@ -30,5 +30,27 @@ def validate_annotations(fusion) -> None:
                     f"{id_.parallel_type}; a mesh axis can shard only one axis of a tensor"
                 )
             used[key] = pos
+        _check_pending_annotations(tv)
         if tv.sharding_priority is not None and tv.mesh is None:
             raise NvShardError(f"{tv.short_name()}: set_sharding_priority needs a device mesh on the tensor")
+
+
+def _check_pending_annotations(tv) -> None:
+    """A parallelized reduction axis means partial sums: only a sum can leave them."""
+    from ..ops.registry import FactorKind
+
+    expr = tv.definition
+    for id_ in tv.loop:
+        if not (id_.is_device_dim() and id_.is_reduction()):
+            continue
+        k = id_.logical_axis
+        kinds = set()
+        if expr is not None:
+            factors = expr.rule().results[expr.tv_outputs.index(tv)][k]
+            kinds = {expr.rule().factors[f].kind for f in factors}
+        if kinds != {FactorKind.SUM}:
+            op = expr.op.name if expr is not None else "a fusion input"
+            raise NvShardError(
+                f"{tv.short_name()}: reduction axis {k} is parallelized on {id_.parallel_type}, but {op} cannot "
+                f"leave partial results on it (only sums and contractions can)"
+            )

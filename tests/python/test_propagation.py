@@ -323,3 +323,31 @@ def test_a_mesh_axis_shards_one_axis_per_tensor():
     for tv in plan.propagated:
         axes = [m for k in tv.non_reduction_axes() for m in plan.program.state[tv].layouts[k] if isinstance(m, str)]
         assert len(axes) == len(set(axes)), tv
+
+
+def test_pending_annotation_needs_a_sum():
+    mesh = mesh_of(2)
+    with pytest.raises(NvShardError, match=r"T1: reduction axis 1 is parallelized on deviceIdx.x, but var_mean"):
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([4, 8], contiguity=True)
+            var, mean = fd.ops.var_mean(x, dims=[1])
+            fd.add_output(var)
+            var.set_device_mesh(mesh)
+            var.outer_split(1, 2)
+            var.axis(1).parallelize(PT.mesh_x)
+
+
+def test_pending_annotation_on_a_sum_is_honoured():
+    mesh = mesh_of(2)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 8], contiguity=True)
+        s = fd.ops.sum(x, [1])
+        fd.add_output(s)
+        s.set_device_mesh(mesh)
+        s.outer_split(1, 2)
+        s.axis(1).parallelize(PT.mesh_x)  # compute partial sums, then allreduce
+    plan = nvfuser.propagate_shardings(fd)
+    assert plan.partial_axes(s) == ["x"]
+    assert [c.kind for c in plan.communications] == ["allreduce"]
+    full = torch.randn(4, 8)
+    torch.testing.assert_close(nvfuser.simulate(fd, [full]).output(0), full.sum(1))
