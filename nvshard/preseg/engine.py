@@ -180,7 +180,7 @@ class Engine:
 
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
-        for tv in stale:
+        for tv in sorted(stale, key=_number):
             easy, conflicting = self._classify(tv)
             stages = {m.stage for m in easy}
             for stage, targets in self._easy_targets.items():
@@ -201,7 +201,9 @@ class Engine:
         for stage in sorted(self._easy_targets):
             targets = self._easy_targets[stage]
             if targets:
-                return [(tv, m) for tv in targets for m in self._classify(tv)[0] if m.stage == stage]
+                # sorted: every rank of a job must build the same plan
+                return [(tv, m) for tv in sorted(targets, key=_number)
+                        for m in self._classify(tv)[0] if m.stage == stage]
         return []
 
     def _push_conflict(self, tv) -> None:
@@ -429,7 +431,7 @@ class Engine:
 
     def _after_change(self, changed) -> None:
         exprs: dict = {}
-        for tv in changed:
+        for tv in sorted(changed, key=_number):
             self._invalidate(tv)
             for e in self._adjacent.get(tv, []):
                 exprs[e] = None
@@ -438,7 +440,7 @@ class Engine:
     # -- conflicts ----------------------------------------------------------------------------------
     def _conflict_order(self, tv):
         _, conflicting = self._classify(tv)
-        return (min(m.priority for m in conflicting), self.depth.get(tv, 0), self.canon.get(tv, ""))
+        return (min(m.priority for m in conflicting), self.depth.get(tv, 0), self.canon.get(tv, ""), tv.number)
 
     def _candidates(self, tv) -> list:
         easy, conflicting = self._classify(tv)
@@ -472,7 +474,7 @@ class Engine:
             cost = self._candidate_cost(tv, c)
             # ties: keep a tensor like its producer (data flows forward), then outer axes first
             forward = sum(1 for m in c if any(p.direction == "forward" for p in m.sources))
-            signature = tuple(sorted((m.axis, layout.key(m.digits)) for m in c))
+            signature = tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in c))
             scored.append(((-reject_prio, cost.key(), -forward, signature), c, cost, reject_prio))
         scored.sort(key=lambda s: s[0])
         best = scored[0]
@@ -574,6 +576,10 @@ class Engine:
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
             self.p.state[tv] = TvState(mesh, layouts)
+
+
+def _number(tv) -> int:
+    return tv.number
 
 
 def _direction(src_role: str, dst_role: str) -> str:

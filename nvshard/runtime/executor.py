@@ -123,7 +123,7 @@ class FusionExecutor:
         plan = self.plan_for(global_shapes, scalars)
         plan.check_world(comm.size(), rank)
         device = _device_of(inputs, device)
-        if comm.size() > 1:
+        if comm.size() > 1 and plan.groups():
             from .distributed import distributed_backend
 
             backend = distributed_backend(device)
@@ -156,6 +156,8 @@ def global_input_shapes(fusion, inputs: list, rank: int):
     for k, (val, t) in enumerate(zip(expected, inputs)):
         if isinstance(val, Scalar):
             if isinstance(t, torch.Tensor):
+                if t.numel() != 1:
+                    raise NvShardError(f"input {k} ({val}) is a scalar; got a tensor of shape {tuple(t.shape)}")
                 t = t.item()
             if not isinstance(t, (int, float, bool)):
                 raise NvShardError(f"input {k} ({val}) is a scalar; got {type(t).__name__}")
