@@ -150,14 +150,22 @@ class SdpaFwdOp(OpSpec):
         return [common.to_dtype(out, out_tv.dtype()), lse.float(), seed_t, offset_t]
 
     def format(self, expr):
+        # nvFuser's SdpaFwdOp::toString; it fills in dropout_p and is_causal when omitted.
         q, k, v = expr.inputs[:3]
+        extra = iter(expr.tv_inputs[3:])
         outs = ",\n".join(str(o) for o in expr.outputs)
-        text = f"{outs}\n    = sdpa({q},\n          {k},\n          {v}"
+        text = f"{outs}\n   = sdpa({q},\n{_CONT}{k},\n{_CONT}{v},\n"
+        if expr.attrs["has_bias"]:
+            text += f"{_CONT}bias={next(extra)},\n"
+        if expr.attrs["has_mask"]:
+            text += f"{_CONT}mask={next(extra)},\n"
         s = expr.attrs["scalars"]
-        for name in ("dropout_p", "is_causal", "scale"):
-            if s[name] is not None:
-                text += f",\n          {name} = {s[name]}"
-        return text + ")\n"
+        dropout = s["dropout_p"] if s["dropout_p"] is not None else "double(0.0)"
+        causal = s["is_causal"] if s["is_causal"] is not None else "false"
+        text += f"{_CONT}dropout_p = {dropout},\n{_CONT}is_causal={causal},\n"
+        if s["scale"] is not None:
+            text += f"{_CONT}scale={s['scale']},\n"
+        return text + "  )\n"
 
 
 class SdpaBwdOp(OpSpec):
@@ -215,9 +223,22 @@ class SdpaBwdOp(OpSpec):
         return [common.to_dtype(g, t.dtype()) for g, t in zip(grads, expr.outputs)]
 
     def format(self, expr):
+        # nvFuser's SdpaBwdOp::toString
+        grad, q, k, v, out, lse, seed, offset = expr.tv_inputs
+        s = expr.attrs["scalars"]
         outs = ",\n".join(str(o) for o in expr.outputs)
-        ins = ",\n          ".join(str(t) for t in expr.tv_inputs[:6])
-        return f"{outs}\n    = sdpa_bwd({ins})\n"
+        text = f"{outs}\n   = sdpa_bwd({grad},\n"
+        text += "".join(f"{_CONT}{t},\n" for t in (q, k, v, out))
+        dropout = s["dropout_p"] if s["dropout_p"] is not None else "double(0.0)"
+        causal = s["is_causal"] if s["is_causal"] is not None else "false"
+        text += (f"{_CONT}logsum_exp = {lse},\n{_CONT}dropout_p = {dropout},\n{_CONT}is_causal = {causal},\n"
+                 f"{_CONT}philox_seed = {seed},\n{_CONT}philox_offset = {offset},\n")
+        if s["scale"] is not None:
+            text += f"  ,\n          scale = {s['scale']}"
+        return text + "  )\n"
+
+
+_CONT = " " * 12  # where nvFuser's multi-line tensor ops continue their operand lists
 
 
 _sdpa_fwd = register(SdpaFwdOp())

@@ -103,11 +103,12 @@ class LinearOp(OpSpec):
         return [common.to_dtype(result, out.dtype())]
 
     def format(self, expr):
+        # nvFuser's LinearOp::toString, stray indents included
         ins = expr.inputs
-        text = f"{expr.outputs[0]}\n    = linear({ins[0]},\n              {ins[1]}"
+        text = f"{expr.outputs[0]}\n   = linear({ins[0]},\n            {ins[1]}"
         if expr.attrs["has_bias"]:
-            text += f",\n              {ins[2]}"
-        return text + ")\n"
+            text += f"  ,\n          {ins[2]}"
+        return text + "  )\n"
 
     def legacy_reference_order(self, expr):
         # nvFuser: weight, then bias, then input
@@ -214,7 +215,7 @@ class MatmulOp(OpSpec):
 
     def format(self, expr):
         a, b = expr.inputs
-        return f"{expr.outputs[0]}\n    = matmul({a},\n              {b})\n"
+        return f"{expr.outputs[0]}\n   = matmul({a},\n            {b})\n"
 
     def legacy_reference_order(self, expr):
         return [1, 0]  # nvFuser: the second operand first
@@ -275,7 +276,7 @@ class GroupedMmOp(OpSpec):
 
     def format(self, expr):
         a, b, off = expr.inputs
-        return f"{expr.outputs[0]}\n    = grouped_mm({a},\n              {b},\n              {off})\n"
+        return f"{expr.outputs[0]}\n   = grouped_mm({a},\n            {b},\n            {off})\n"
 
 
 _linear = register(LinearOp())

@@ -32,14 +32,19 @@ def _tensor_result(fusion, spec, operands, dtype, op_name, attrs=None):
 
 
 def _to_torch(value):
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float64)  # a Python float is a double: keep its precision
     return value if isinstance(value, torch.Tensor) else torch.tensor(value)
 
 
-def _finish(result, out, args):
-    """Cast to the result dtype; scalar results go back to Python numbers."""
+def _finish(result, out, args, ctx=None):
+    """Cast to the result dtype; scalar results go back to Python numbers.
+    Expanded broadcast axes, computed at extent 1, come back expanded."""
     if isinstance(out, Scalar):
         value = _to_torch(result).to(out.dtype().torch_dtype)
         return value.item()
+    if ctx is not None and any(i.expanded is not None for i in common.logical_shape(out)):
+        result = result.expand(ctx.out_shape(0))
     return common.to_dtype(result, out.dtype())
 
 
@@ -73,7 +78,7 @@ class UnaryOp(OpSpec):
         x = common.upcast(_to_torch(args[0]), out.dtype())
         if not x.is_floating_point() and self.float_result:
             x = x.to(torch.float32)
-        return [_finish(self.fn(x), out, args)]
+        return [_finish(self.fn(x), out, args, ctx)]
 
     def format(self, expr):
         out, x = expr.outputs[0], expr.inputs[0]
@@ -111,6 +116,9 @@ class CastOp(OpSpec):
             raise NvShardError(f"cast: dtype must be a DataType, got {dtype!r}")
         fusion = common.current_fusion(arg)
         arg = common.as_val(fusion, arg)
+        if arg.dtype() == dtype:
+            # nvFuser's castOp: a cast to the same dtype is a set (scalars stay as they are)
+            return arg if isinstance(arg, Scalar) else _set.define(arg)
         if isinstance(arg, Scalar):
             return _scalar_result(fusion, self, [arg], dtype)
         return _tensor_result(fusion, self, [arg], dtype, "cast")
@@ -119,7 +127,7 @@ class CastOp(OpSpec):
         return common.pointwise_rule(expr)
 
     def evaluate(self, expr, args, ctx):
-        return [_finish(_to_torch(args[0]), expr.outputs[0], args)]
+        return [_finish(_to_torch(args[0]), expr.outputs[0], args, ctx)]
 
     def format(self, expr):
         out, x = expr.outputs[0], expr.inputs[0]
@@ -154,10 +162,16 @@ class SetOp(OpSpec):
         return common.identity_rule(expr)
 
     def evaluate(self, expr, args, ctx):
-        return [args[0].clone()]
+        order = expr.outputs[0].stride_order
+        if order is None:
+            return [args[0].clone()]
+        # Allocate as nvFuser does: the axis with the highest order is outermost.
+        outer_first = sorted(range(len(order)), key=lambda i: -order[i])
+        dense = args[0].permute(outer_first).clone(memory_format=torch.contiguous_format)
+        return [dense.permute([outer_first.index(i) for i in range(len(order))])]
 
     def format(self, expr):
-        return common.fmt_call(expr, "Set", [str(expr.inputs[0])])
+        return common.fmt_call(expr, "Set", [str(expr.inputs[0])], "cache_op=Streaming")
 
 
 _cast = register(CastOp())
@@ -203,14 +217,18 @@ class BinaryOp(OpSpec):
         a = common.upcast(args[0], compute)
         b = common.upcast(args[1], compute)
         if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
-            a = torch.tensor(a)
-        return [_finish(self.fn(a, b), out, args)]
+            a = torch.tensor(a, dtype=compute.torch_dtype)  # scalar arithmetic in the result's dtype
+        elif not isinstance(a, torch.Tensor):
+            # torch.lt and friends take no Python number first; a 0-dim tensor
+            # promotes like one (double keeps a float scalar's precision).
+            a = torch.tensor(a, dtype=torch.float64 if isinstance(a, float) else None)
+        return [_finish(self.fn(a, b), out, args, ctx)]
 
     def format(self, expr):
         out, a, b = expr.outputs[0], expr.inputs[0], expr.inputs[1]
         if self.inline:
             return f"{out}\n   = {a}\n   {self.printed} {b};\n"
-        return f"{out}\n   = {self.printed}({a}\n   , {b});\n"
+        return f"{out}\n   = {self.printed}({a}\n  , {b});\n"
 
 
 _BINARY = [
@@ -259,11 +277,11 @@ class WhereOp(OpSpec):
             a = torch.tensor(a, dtype=b.dtype)
         else:
             a, b = torch.tensor(a), torch.tensor(b)
-        return [_finish(torch.where(c, a, b), out, args)]
+        return [_finish(torch.where(c, a, b), out, args, ctx)]
 
     def format(self, expr):
         out, c, a, b = expr.outputs[0], *expr.inputs
-        return f"{out}\n   = where({c}\n   , {a}\n   , {b});\n"
+        return f"{out}\n   = where({c}\n  , {a}\n  , {b});\n"
 
 
 _where = register(WhereOp())

@@ -54,7 +54,12 @@ class UniformOp(OpSpec):
 
     def format(self, expr):
         lo, hi = expr.inputs[:2]
-        return f"{expr.outputs[0]}\n   = rng_uniform({{{', '.join(str(i.extent()) for i in expr.outputs[0].logical)}}}, {lo}, {hi})\n"
+        out = expr.outputs[0]
+        shape = ", ".join(str(i.extent()) for i in out.logical)
+        text = f"{out}\n   = rng_uniform_range({{{shape}}}, {lo}, {hi}, {out.dtype()}"
+        if expr.attrs["seed"] is not None:
+            text += f", {expr.attrs['seed']}"
+        return text + ");\n"
 
 
 _uniform = register(UniformOp())

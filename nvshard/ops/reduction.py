@@ -68,11 +68,13 @@ class SumOp(OpSpec):
     def __init__(self):
         super().__init__("sum", Stage.CONTRACTION)
 
-    def define(self, arg, dims=None, keepdim=False, dtype=DataType.Null, *, dim=None):
+    def define(self, arg, dims=None, keepdim=False, dtype=DataType.Null, *, dim=None, keep_dim=None):
         fusion = common.current_fusion(arg)
         arg = common.expect_tv(arg, "sum", "arg")
         if dim is not None:
             dims = dim
+        if keep_dim is not None:  # the spelling of older nvfuser_direct bindings
+            keepdim = keep_dim
         if isinstance(dims, DataType):  # sum(arg, dtype) overload
             dims, dtype = None, dims
         if dtype is None:

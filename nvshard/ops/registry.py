@@ -109,6 +109,10 @@ class OpSpec:
     def format(self, expr) -> str:
         raise NotImplementedError(self.name)
 
+    def check_sizes(self, expr, sizes) -> None:
+        """Checks only concrete sizes allow (e.g. a reshape's element count);
+        raise NvShardError. Called once input shapes are known."""
+
     def legacy_reference_order(self, expr) -> Optional[list]:
         """Which operands nvFuser's legacy pass copies shardings from first
         (indices into the TensorView inputs); None sorts by device axes."""

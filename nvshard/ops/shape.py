@@ -3,6 +3,8 @@ cat, and the scalar queries size and shape."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..ir.dtypes import DataType
@@ -162,7 +164,8 @@ class SqueezeOp(OpSpec):
         dims = sorted({common.norm_axis(d, rank, "squeeze", arg) for d in dims})
         for d in dims:
             id_ = in_ids[d]
-            if not id_.is_broadcast() and id_.extent() != 1:
+            # A symbolic extent may be 1: nvFuser checks it once sizes are known (check_sizes).
+            if not id_.is_broadcast() and id_.extent().value not in (None, 1):
                 raise NvShardError(
                     f"squeeze: axis {d} of {arg.short_name()} has extent {id_.extent()}; only extent-1 axes can be squeezed"
                 )
@@ -175,6 +178,20 @@ class SqueezeOp(OpSpec):
         out = fusion.new_tv(arg.dtype(), ids)
         fusion.add_expr(self, [arg], [out], {"dims": dims, "kept": kept})
         return out
+
+    def check_sizes(self, expr, sizes) -> None:
+        arg = expr.inputs[0]
+        for d in expr.attrs["dims"]:
+            if common.logical_shape(arg)[d].is_broadcast():
+                continue
+            try:
+                extent = sizes.global_extent(arg, d)
+            except NvShardError:
+                return  # not bound yet: planning before execute
+            if extent != 1:
+                raise NvShardError(
+                    f"squeeze: axis {d} of {arg.short_name()} has extent {extent}; only extent-1 axes can be squeezed"
+                )
 
     def rule(self, expr):
         rule = ShardingRule()
@@ -321,6 +338,8 @@ def _refine(in_sizes: list, out_sizes: list):
             out.append(acc)
         return out
 
+    if not (prefixes(in_sizes) or [Size(1)])[-1] == (prefixes(out_sizes) or [Size(1)])[-1]:
+        return None  # totals not provably equal (symbolic vs static): no chain to share
     points = []
     for p in prefixes(in_sizes) + prefixes(out_sizes):
         if not any(p == q for q in points):
@@ -350,6 +369,9 @@ def _refine(in_sizes: list, out_sizes: list):
     def axes_of(sizes):
         result, acc, k = [], Size(1), 0
         for s in sizes:
+            if s == 1:
+                result.append(())  # an extent-1 axis inside a group is made of no factor
+                continue
             acc = acc * s
             start = k
             while not chain[k] == acc:
@@ -385,6 +407,7 @@ class ReshapeOp(OpSpec):
         total = Size(1)
         for id_ in in_ids:
             total = total * (id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent())
+        given = list(sizes)  # before inference, for the run-time check
         if infer:
             known = Size(1)
             for s in sizes:
@@ -404,8 +427,30 @@ class ReshapeOp(OpSpec):
                 )
         ids = [fusion.new_id(Size(1), IterType.Broadcast) if s == 1 else fusion.new_id(s) for s in sizes]
         out = fusion.new_tv(arg.dtype(), ids)
-        fusion.add_expr(self, [arg] + _shape_operands(entries), [out])
+        fusion.add_expr(self, [arg] + _shape_operands(entries), [out], {"given": given})
         return out
+
+    def check_sizes(self, expr, sizes) -> None:
+        """Once sizes are concrete: the new shape must hold the input's
+        elements exactly (torch would only say the shape is invalid)."""
+        arg, given = expr.inputs[0], expr.attrs["given"]
+        try:
+            shape = sizes.global_shape(arg)
+            wanted = [None if s is None else sizes.evaluate_size(s) for s in given]
+        except NvShardError:
+            return  # a scalar input without a value: planning before execute
+        total = math.prod(shape)
+        known = math.prod(w for w in wanted if w is not None)
+        if None in wanted:
+            fits = known != 0 and total % known == 0
+        else:
+            fits = known == total
+        if not fits:
+            text = ", ".join("-1" if w is None else str(w) for w in wanted)
+            raise NvShardError(
+                f"reshape: {arg.short_name()} has shape {shape} ({total} elements), which new_shape [{text}] "
+                f"of {expr.outputs[0].short_name()} cannot hold"
+            )
 
     def rule(self, expr):
         rule = ShardingRule()
@@ -423,10 +468,13 @@ class ReshapeOp(OpSpec):
             refined = _refine([in_sizes[i] for i in gi], [out_sizes[j] for j in gj])
             if refined is None:
                 # Extents that do not nest: the op needs the whole group.
+                # (extent-1 axes are broadcasts: no factor to shard)
                 for i in gi:
-                    operand[i] = (rule.add_factor(f"u{i}", in_sizes[i], FactorKind.REPLICATED),)
+                    if not in_sizes[i] == 1:
+                        operand[i] = (rule.add_factor(f"u{i}", in_sizes[i], FactorKind.REPLICATED),)
                 for j in gj:
-                    result[j] = (rule.add_factor(f"v{j}", out_sizes[j]),)
+                    if not out_sizes[j] == 1:
+                        result[j] = (rule.add_factor(f"v{j}", out_sizes[j]),)
                 continue
             factor_sizes, in_axes, out_axes = refined
             ids = [rule.add_factor(f"r{len(rule.factors)}", s) for s in factor_sizes]

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar, TensorView
 from ..multidevice import layout
 from ..multidevice.communicator import Communicator
@@ -161,6 +162,10 @@ def global_input_shapes(fusion, inputs: list, rank: int):
                 t = t.item()
             if not isinstance(t, (int, float, bool)):
                 raise NvShardError(f"input {k} ({val}) is a scalar; got {type(t).__name__}")
+            # A float where an int or bool is declared would silently change the math.
+            if (val.dtype().is_integral and isinstance(t, float)) or (val.dtype() == DataType.Bool
+                                                                     and not isinstance(t, bool)):
+                raise NvShardError(f"input {k} ({val}) is a {val.dtype()} scalar; got {t!r}")
             scalars[val] = t
             shapes.append(t)
             continue

@@ -40,6 +40,9 @@ class SizeEvaluator:
             got = self.evaluate_size(size)
             if got != extent:
                 raise NvShardError(f"{tv.short_name()}: axis {axis} has extent {extent}, but the fusion requires {size} = {got}")
+        # What only concrete sizes can check: a reshape's new shape, a squeezed symbolic axis.
+        for expr in fusion.exprs:
+            expr.op.check_sizes(expr, self)
 
     def _bind(self, size: Size, extent: int, tv: TensorView, axis: int) -> None:
         c = size.canonical()
