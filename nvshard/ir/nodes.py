@@ -221,10 +221,14 @@ class TensorView(Val):
 
         if not isinstance(mesh, DeviceMesh):
             raise NvShardError(f"{self.short_name()}: set_device_mesh expects a DeviceMesh, got {mesh!r}")
-        self.mesh = mesh
-        for id_ in self.loop:
-            if id_.is_device_dim():
-                self._check_mesh_axis(id_, id_.parallel_type)
+        previous, self.mesh = self.mesh, mesh
+        try:
+            for id_ in self.loop:
+                if id_.is_device_dim():
+                    self._check_mesh_axis(id_, id_.parallel_type)
+        except NvShardError:
+            self.mesh = previous  # a rejected mesh leaves the tensor as it was
+            raise
 
     def set_sharding_priority(self, priority: int) -> None:
         """Lower numbers propagate first (0 is the highest priority), as in Shardy."""
