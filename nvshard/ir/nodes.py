@@ -10,6 +10,7 @@ loop domain as a layout per logical axis (see multidevice/layout.py).
 from __future__ import annotations
 
 import enum
+import weakref
 from typing import Optional
 
 from ..multidevice import layout
@@ -425,6 +426,7 @@ class Expr:
         self.outputs = list(outputs)
         self.attrs = dict(attrs or {})
         self._rule = None
+        self._sized_rules = None
         self.origin = self  # the user's expr this one was rewired from
 
     def rewired(self, inputs: list, outputs: list) -> "Expr":
@@ -441,10 +443,18 @@ class Expr:
     def tv_outputs(self) -> list[TensorView]:
         return [v for v in self.outputs if isinstance(v, TensorView)]
 
-    def rule(self):
-        if self._rule is None:
-            self._rule = self.op.rule(self)
-        return self._rule
+    def rule(self, sizes=None):
+        """The op's sharding rule; with concrete `sizes` for ops whose rule
+        depends on them (how a reshape splits axes, whether a slice is whole)."""
+        if sizes is None or not self.op.rule_needs_sizes:
+            if self._rule is None:
+                self._rule = self.op.rule(self)
+            return self._rule
+        if self._sized_rules is None:
+            self._sized_rules = weakref.WeakKeyDictionary()
+        if sizes not in self._sized_rules:
+            self._sized_rules[sizes] = self.op.rule(self, sizes)
+        return self._sized_rules[sizes]
 
     def __str__(self) -> str:
         return self.op.format(self)

@@ -66,10 +66,30 @@ def mesh_axes_of(digits: AxisSharding) -> tuple:
 
 
 def key(digits: AxisSharding) -> tuple:
-    """Hashable, union-find-stable form for comparisons."""
+    """Hashable, orderable, union-find-stable form for comparisons."""
     if not digits:
         return ()
-    return tuple(d if isinstance(d, str) else d.key() for d in digits)
+    return tuple((0, d) if isinstance(d, str) else (1, d.key()) for d in digits)
+
+
+def concrete(digits: AxisSharding, sizes) -> AxisSharding:
+    """The same layout with every local block evaluated (a SizeEvaluator)."""
+    if not digits:
+        return ()
+    return normalize([d if isinstance(d, str) else Size(sizes.evaluate_size(d)) for d in digits])
+
+
+def keep_outer(digits: AxisSharding, banned: set, mesh_sizes: dict) -> AxisSharding:
+    """The longest outer part of a layout avoiding `banned` mesh axes: from
+    the first banned digit inward, everything becomes local (Shardy's
+    longest compatible prefix)."""
+    out, cut = [], False
+    for d in digits:
+        if isinstance(d, str) and (cut or d in banned):
+            cut = True
+            d = Size(mesh_sizes[d])
+        out.append(d)
+    return normalize(out)
 
 
 def same(a: AxisSharding, b: AxisSharding) -> bool:

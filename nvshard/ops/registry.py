@@ -86,6 +86,7 @@ class OpSpec:
     name: str = "?"
     stage: Stage = Stage.PASS_THROUGH
     is_communication = False
+    rule_needs_sizes = False  # rule(expr, sizes) when concrete sizes change the rule
 
     def __init__(self, name: str, stage: Stage = Stage.PASS_THROUGH, *, rule=None, evaluate=None,
                  format=None, legacy_reference_order=None):

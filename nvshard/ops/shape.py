@@ -452,11 +452,17 @@ class ReshapeOp(OpSpec):
                 f"of {expr.outputs[0].short_name()} cannot hold"
             )
 
-    def rule(self, expr):
+    rule_needs_sizes = True  # concrete sizes tell how axes split and merge
+
+    def rule(self, expr, sizes=None):
         rule = ShardingRule()
         arg, out = expr.inputs[0], expr.outputs[0]
-        in_sizes = [i.extent() for i in common.logical_shape(arg)]
-        out_sizes = [i.extent() for i in common.logical_shape(out)]
+        if sizes is not None:
+            in_sizes = [Size(e) for e in sizes.global_shape(arg)]
+            out_sizes = [Size(e) for e in sizes.global_shape(out)]
+        else:
+            in_sizes = [i.extent() for i in common.logical_shape(arg)]
+            out_sizes = [i.extent() for i in common.logical_shape(out)]
         operand = [()] * len(in_sizes)
         result = [()] * len(out_sizes)
         groups = reshape_groups(in_sizes, out_sizes)
@@ -501,6 +507,8 @@ frontend("reshape")(_reshape.define)
 
 
 class SliceOp(OpSpec):
+    rule_needs_sizes = True  # whether a range is the whole axis can depend on the sizes
+
     def __init__(self):
         super().__init__("slice", Stage.RESHAPE)
 
@@ -516,7 +524,8 @@ class SliceOp(OpSpec):
                 raise NvShardError(f"slice: {name} has {len(lst)} entries but {arg.short_name()} has rank {rank}")
         ranges, ids, operands = [], [], [arg]
         for k in range(rank):
-            extent = in_ids[k].extent()
+            id_ = in_ids[k]
+            extent = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
             start, end, step = starts[k], ends[k], steps[k]
             if not isinstance(step, int) or step <= 0:
                 raise NvShardError(f"slice: stride {step!r} of axis {k} must be a positive int")
@@ -525,18 +534,19 @@ class SliceOp(OpSpec):
                     operands.append(v)
             start_size = _size_of(fusion, start, "slice") if not (isinstance(start, int) and start < 0) else None
             end_size = _size_of(fusion, end, "slice") if not (isinstance(end, int) and end < 0) else None
-            full = start_size is not None and start_size == 0 and end_size is not None and end_size == extent and step == 1
-            if full:
+            if start_size == 0 and end_size is not None and end_size == extent and step == 1:
                 out_extent = extent
             elif all(isinstance(v, int) for v in (start, end)) and extent.value is not None:
-                s, e, _ = slice(start, end, step).indices(extent.value)
-                out_extent = Size(max(0, -(-(e - s) // step)))
-            elif start_size is not None and start_size == 0 and end_size is not None and step == 1:
+                lo, hi, _ = slice(start, end, step).indices(extent.value)
+                out_extent = Size(max(0, -(-(hi - lo) // step)))
+            elif start_size == 0 and end_size is not None and step == 1:
                 out_extent = end_size
             else:
                 out_extent = _runtime_sym(fusion, _sliced_extent(arg, k, start, end, step))
-            ranges.append((start, end, step, full))
-            if out_extent == 1:
+            ranges.append((start, end, step))
+            if id_.is_broadcast():  # slicing a broadcast leaves a broadcast
+                ids.append(fusion.new_id(Size(1), IterType.Broadcast, None if out_extent == 1 else out_extent))
+            elif out_extent == 1:
                 ids.append(fusion.new_id(Size(1), IterType.Broadcast))
             else:
                 ids.append(fusion.new_id(out_extent))
@@ -544,37 +554,55 @@ class SliceOp(OpSpec):
         fusion.add_expr(self, operands, [out], {"ranges": ranges, "manual": manual_normalization})
         return out
 
-    def rule(self, expr):
+    @staticmethod
+    def whole_axis(expr, k: int, sizes=None) -> bool:
+        """Does the range of axis k keep the whole axis? Decided when the rule is
+        built, after every extent is unified (or with concrete sizes)."""
+        start, end, step = expr.attrs["ranges"][k]
+        id_ = common.logical_shape(expr.inputs[0])[k]
+        if step != 1 or id_.is_broadcast():
+            return False
+        if sizes is not None:
+            extent = sizes.global_extent(expr.inputs[0], k)
+            lo, hi, _ = slice(sizes.scalar(start), sizes.scalar(end), 1).indices(extent)
+            return lo == 0 and hi == extent
+        if isinstance(start, int) and start < 0 or isinstance(end, int) and end < 0:
+            return False
+        start_size = Size(start) if isinstance(start, int) else start.as_size()
+        end_size = Size(end) if isinstance(end, int) else end.as_size()
+        return start_size == 0 and end_size == id_.extent()
+
+    def rule(self, expr, sizes=None):
         rule = ShardingRule()
         in_ids = common.logical_shape(expr.inputs[0])
         out_ids = common.logical_shape(expr.outputs[0])
         operand, result = [], []
-        for k, (start, end, step, full) in enumerate(expr.attrs["ranges"]):
-            if full:
+        for k in range(len(in_ids)):
+            if self.whole_axis(expr, k, sizes):
                 f = rule.add_factor(f"a{k}", in_ids[k].extent())
                 operand.append((f,))
                 result.append((f,))
+                continue
+            # A real slice needs the whole axis; the result axis is computed whole
+            # and each device keeps its block.
+            plain = in_ids[k].is_broadcast() and in_ids[k].expanded is None
+            operand.append(() if plain else (rule.add_factor(f"s{k}", in_ids[k].expanded or in_ids[k].extent(),
+                                                            FactorKind.REPLICATED),))
+            out = out_ids[k]
+            if out.is_broadcast() and out.expanded is None:
+                result.append(())
             else:
-                operand.append((rule.add_factor(f"s{k}", in_ids[k].extent(), FactorKind.REPLICATED),))
-                result.append(() if out_ids[k].is_broadcast() else (rule.add_factor(f"o{k}", out_ids[k].extent()),))
+                result.append((rule.add_factor(f"o{k}", out.expanded or out.extent()),))
         rule.operands.append(operand)
         rule.results.append(result)
         return rule
 
     def evaluate(self, expr, args, ctx):
-        x = args[0]
-        index = []
-        for k, (start, end, step, full) in enumerate(expr.attrs["ranges"]):
-            if full:
-                index.append(slice(None))
-            else:
-                index.append(slice(ctx.scalar(start), ctx.scalar(end), step))
-        return [x[tuple(index)]]
+        index = [slice(ctx.scalar(start), ctx.scalar(end), step) for start, end, step in expr.attrs["ranges"]]
+        return [args[0][tuple(index)]]
 
     def format(self, expr):
-        parts = " ".join(
-            "{" + f"{s}, {e}, {st}" + "}" for s, e, st, _ in expr.attrs["ranges"]
-        )
+        parts = " ".join("{" + f"{s}, {e}, {st}" + "}" for s, e, st in expr.attrs["ranges"])
         return f"{expr.outputs[0]}\n   = slice( {expr.inputs[0]}, {{ {parts} }} )\n"
 
 

@@ -22,26 +22,32 @@ def _operand_axes(tv):
     return tv.non_reduction_axes()
 
 
-def result_axis_factors(expr, i: int) -> list:
+# `rule` defaults to the op's symbolic rule; passes give the plan's
+# (Program.rule), which knows concrete sizes.
+
+
+def result_axis_factors(expr, i: int, rule=None) -> list:
     """[(logical axis, factors)] of result i."""
-    return list(zip(range(len(expr.tv_outputs[i].logical)), expr.rule().results[i]))
+    rule = rule or expr.rule()
+    return list(zip(range(len(expr.tv_outputs[i].logical)), rule.results[i]))
 
 
-def operand_axis_factors(expr, i: int) -> list:
+def operand_axis_factors(expr, i: int, rule=None) -> list:
     """[(logical axis, factors)] of TensorView operand i."""
-    return list(zip(_operand_axes(expr.tv_inputs[i]), expr.rule().operands[i]))
+    rule = rule or expr.rule()
+    return list(zip(_operand_axes(expr.tv_inputs[i]), rule.operands[i]))
 
 
-def factor_layouts(expr, result_states: list) -> dict:
+def factor_layouts(expr, result_states: list, rule=None) -> dict:
     """factor index -> layout the computation uses."""
-    rule = expr.rule()
+    rule = rule or expr.rule()
     out: dict = {}
     for i, (tv, state) in enumerate(zip(expr.tv_outputs, result_states)):
         if state is None or state.mesh is None:
             continue
         sizes = state.mesh.axis_sizes()
         scattered = set(state.pending(tv))
-        for k, factors in result_axis_factors(expr, i):
+        for k, factors in result_axis_factors(expr, i, rule):
             if not factors or any(f in out for f in factors):
                 continue
             digits = state.layouts[k]
@@ -67,16 +73,18 @@ def _layout_of(axes_factors: list, n_axes: int, factors_layout: dict, rule) -> l
     return layouts
 
 
-def required_state(expr, i: int, factors_layout: dict, mesh) -> TvState:
+def required_state(expr, i: int, factors_layout: dict, mesh, rule=None) -> TvState:
     """How TensorView operand i must be laid out for the computation."""
+    rule = rule or expr.rule()
     tv = expr.tv_inputs[i]
-    return TvState(mesh, _layout_of(operand_axis_factors(expr, i), len(tv.logical), factors_layout, expr.rule()))
+    return TvState(mesh, _layout_of(operand_axis_factors(expr, i, rule), len(tv.logical), factors_layout, rule))
 
 
-def produced_state(expr, i: int, factors_layout: dict, mesh) -> TvState:
+def produced_state(expr, i: int, factors_layout: dict, mesh, rule=None) -> TvState:
     """How result i comes out of the computation (partials on reduction axes)."""
+    rule = rule or expr.rule()
     tv = expr.tv_outputs[i]
-    return TvState(mesh, _layout_of(result_axis_factors(expr, i), len(tv.logical), factors_layout, expr.rule()))
+    return TvState(mesh, _layout_of(result_axis_factors(expr, i, rule), len(tv.logical), factors_layout, rule))
 
 
 def resolved(tv, state: TvState) -> TvState:

@@ -112,16 +112,17 @@ class CostModel:
                 if d is None:
                     outs[o].layouts[k] = ()
         result_states = [outs[o] for o in expr.tv_outputs]
-        factors = cs.factor_layouts(expr, result_states)
+        rule = self.program.rule(expr)
+        factors = cs.factor_layouts(expr, result_states, rule)
         mesh = next((s.mesh for s in result_states if s.mesh is not None), None)
         total = Cost(symbolic=self.symbolic)
         for i, tv in enumerate(expr.tv_inputs):
-            required = cs.required_state(expr, i, factors, mesh)
+            required = cs.required_state(expr, i, factors, mesh, rule)
             actual = cs.resolved(tv, states[tv])  # its producer resolved any partial sums
             src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
             total = total + self.reshard(tv, src, required)
         for i, tv in enumerate(expr.tv_outputs):
-            produced = cs.produced_state(expr, i, factors, mesh)
+            produced = cs.produced_state(expr, i, factors, mesh, rule)
             total = total + self.reshard(tv, produced, cs.resolved(tv, outs[tv]))
         return total
 

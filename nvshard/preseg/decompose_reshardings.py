@@ -51,17 +51,18 @@ class DecomposeReshardingsPass:
                 exprs.append(expr)
                 continue
             results = [program.state[o] for o in expr.tv_outputs]
-            factors = cs.factor_layouts(expr, results)
+            rule = program.rule(expr)
+            factors = cs.factor_layouts(expr, results, rule)
             mesh = next((s.mesh for s in results if s.mesh is not None), None)
             inputs, tv_index = [], 0
             for v in expr.inputs:
                 if isinstance(v, TensorView):
-                    v = reshard(v, cs.required_state(expr, tv_index, factors, mesh))
+                    v = reshard(v, cs.required_state(expr, tv_index, factors, mesh, rule))
                     tv_index += 1
                 inputs.append(v)
             outputs, after = [], []
             for i, out in enumerate(expr.tv_outputs):
-                produced = cs.produced_state(expr, i, factors, mesh)
+                produced = cs.produced_state(expr, i, factors, mesh, rule)
                 final = cs.resolved(out, program.state[out])
                 steps = [] if produced.key() == final.key() else plan_reshard(out, produced, final, self.numel)
                 program.state[out] = final

@@ -252,7 +252,7 @@ class Engine:
         """Every tensor axis of expr that maps to factors (fixed structure, cached)."""
         cached = self._entry_cache.get(expr)
         if cached is None:
-            rule = expr.rule()
+            rule = self.p.rule(expr)
             cached = []
             axes = [(tv, zip(tv.non_reduction_axes(), rule.operands[i]), "operand")
                     for i, tv in enumerate(expr.tv_inputs)]
@@ -273,7 +273,7 @@ class Engine:
                    if decided[e.tv][e.k] is None and not (e.tv in self.frozen and not e.reduction)]
         if not targets:
             return []
-        rule = expr.rule()
+        rule = self.p.rule(expr)
         opinions: dict = {}  # factor -> [(digits, tv, priority, role, mesh, compound)]
         for e in entries:
             d = decided[e.tv][e.k]
@@ -381,11 +381,16 @@ class Engine:
                 if self.mesh[tv] is not None and p.mesh is not None and p.mesh != self.mesh[tv]:
                     continue
                 used = used_red if tv.logical[p.axis].is_reduction() else used_it
-                if used & set(layout.mesh_axes_of(p.digits)):
-                    continue
-                m = merged.get(p.key())
+                digits = p.digits
+                if used & set(layout.mesh_axes_of(digits)):
+                    # keep the outer part that still fits (Shardy's longest compatible prefix)
+                    digits = layout.keep_outer(digits, used, p.mesh.axis_sizes())
+                    if not digits:
+                        continue
+                key = (p.axis, layout.key(digits), p.mesh)
+                m = merged.get(key)
                 if m is None:
-                    m = merged[p.key()] = Merged(p.axis, p.digits, p.mesh, p.priority, p.stage)
+                    m = merged[key] = Merged(p.axis, digits, p.mesh, p.priority, p.stage)
                 m.priority = min(m.priority, p.priority)
                 m.stage = min(m.stage, p.stage)
                 m.sources.append(p)
@@ -445,6 +450,14 @@ class Engine:
     def _candidates(self, tv) -> list:
         easy, conflicting = self._classify(tv)
         pool = easy + conflicting
+        # A layout over several mesh axes may lose its inner ones to a competitor
+        # and keep its outer ones: offer those prefixes too.
+        for m in list(conflicting):
+            axes = layout.mesh_axes_of(m.digits)
+            for j in range(1, len(axes)):
+                digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
+                if not any(o.axis == m.axis and layout.same(o.digits, digits) for o in pool):
+                    pool.append(Merged(m.axis, digits, m.mesh, m.priority, m.stage, list(m.sources)))
         by_axis: dict = {}
         for m in pool:
             by_axis.setdefault(m.axis, []).append(m)
@@ -524,7 +537,7 @@ class Engine:
 
     def _implied(self, expr, out, k, tv, states):
         """The layout `tv`'s known axes give result axis k of `expr`."""
-        rule = expr.rule()
+        rule = self.p.rule(expr)
         mesh = states[tv].mesh
         if mesh is None:
             return None
@@ -557,19 +570,21 @@ class Engine:
                 if d is None:
                     self.decided[tv][k] = Decision((), self.level, 0, "nothing proposed: replicated")
         # Tensors no sharding reached take a neighbour's mesh (e.g. uniform's
-        # output, replicated intermediates), like nvFuser's mesh back-propagation.
-        changed = True
-        while changed:
-            changed = False
-            for e in self.p.exprs:
-                tvs = e.tv_inputs + e.tv_outputs
-                meshes = [self.mesh[t] for t in tvs if self.mesh[t] is not None]
-                if not meshes:
+        # output, replicated intermediates), like nvFuser's mesh back-propagation:
+        # the mesh most neighbours have, then the lowest device ids, all at once
+        # per round so the definition order of ops does not matter.
+        while True:
+            updates = {}
+            for tv in self.p.state:
+                if self.mesh[tv] is not None or tv in self.frozen:
                     continue
-                for t in tvs:
-                    if self.mesh[t] is None and t not in self.frozen:
-                        self.mesh[t] = meshes[0]
-                        changed = True
+                meshes = [self.mesh[t] for e in self._adjacent.get(tv, []) for t in e.tv_inputs + e.tv_outputs
+                          if self.mesh[t] is not None]
+                if meshes:
+                    updates[tv] = min(set(meshes), key=lambda m: (-meshes.count(m), m.shape, m.vector))
+            if not updates:
+                break
+            self.mesh.update(updates)
         for tv in self.p.state:
             mesh = self.mesh[tv]
             layouts = [d.digits for d in self.decided[tv]]

@@ -28,7 +28,7 @@ class LegacyPropagation:
     def _copy(self, expr, ref, target, direction: str) -> None:
         """Copy ref's device splits onto target through the expr's factors,
         one mesh axis at a time, skipping mesh axes target already has."""
-        rule = expr.rule()
+        rule = self.p.rule(expr)
         ref_axes = self._axes(expr, ref, rule)
         tgt_axes = self._axes(expr, target, rule)
         ref_state, tgt_state = self.p.state[ref], self.p.state[target]

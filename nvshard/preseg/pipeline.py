@@ -50,7 +50,7 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
     mode = propagation_mode(options)
     validate_annotations(fusion)
     sizes = _sizes(fusion, global_shapes, scalar_values)
-    program = Program(fusion)
+    program = Program(fusion, sizes)
     cost = CostModel(program, sizes)
     pipeline = passes(cost, mode)
     dump = dump_enabled("pre_segmenter_logging")

@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
+from .program import indivisible
 from .reshard import format_bytes
 
 
@@ -63,11 +64,7 @@ class Plan:
                 try:
                     layout.segments(digits, extent, sizes, self.sizes.bindings)
                 except (layout.ShardingError, ValueError):
-                    need = layout.local_numel_divisor(digits, sizes)
-                    raise NvShardError(
-                        f"{tv.short_name()}: axis {axis} has extent {extent}, which is not divisible by "
-                        f"{'*'.join('DID' + m for m in layout.mesh_axes_of(digits))} ({need} devices)"
-                    ) from None
+                    raise indivisible(tv, k, digits, extent, state.mesh) from None
 
     def record_communications(self) -> None:
         received: dict = {}

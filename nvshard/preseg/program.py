@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ir import nodes
-from ..ir.nodes import Expr, IterDomain, ParallelType, TensorView
+from ..ir.nodes import Expr, IterDomain, NvShardError, ParallelType, TensorView
 from ..ir.printer import format_math
 from ..ir.sizes import Size
 from ..multidevice import layout
@@ -56,14 +56,19 @@ def annotated_state(tv: TensorView) -> TvState:
 
 
 class Program:
-    def __init__(self, fusion):
+    def __init__(self, fusion, sizes=None):
         self.fusion = fusion
+        self.sizes = sizes  # concrete sizes (a SizeEvaluator) or None
         self.exprs: list[Expr] = list(fusion.exprs)
         self.inputs = fusion.inputs()
         self.outputs = fusion.outputs()
         self.state: dict[TensorView, TvState] = {}
         for tv in fusion.tvs():
-            self.state[tv] = TvState(tv.mesh, tv.layouts() if tv.mesh is not None else [() for _ in tv.logical])
+            layouts = tv.layouts() if tv.mesh is not None else [() for _ in tv.logical]
+            if sizes is not None:
+                # concrete block sizes, so equal layouts compare equal
+                layouts = [_concrete(tv, k, d, sizes) for k, d in enumerate(layouts)]
+            self.state[tv] = TvState(tv.mesh, layouts)
         self._tv_counter = fusion._tv_counter
         self._id_counter = fusion._id_counter
         self._rendered: dict = {}
@@ -83,6 +88,9 @@ class Program:
 
     def tvs(self) -> list[TensorView]:
         return list(self.state)
+
+    def rule(self, expr):
+        return expr.rule(self.sizes)
 
     def position(self, expr: Expr) -> int:
         """Index of a user expr in the definition (stable across passes)."""
@@ -134,6 +142,25 @@ class Program:
     def print_math(self) -> str:
         with render_with(self):
             return format_math(self.inputs, self.outputs, self.exprs)
+
+
+def indivisible(tv: TensorView, k: int, digits, extent: int, mesh) -> NvShardError:
+    """The error for a layout that does not divide its axis."""
+    sizes = mesh.axis_sizes()
+    axis = tv.non_reduction_axes().index(k) if k in tv.non_reduction_axes() else k
+    return NvShardError(
+        f"{tv.short_name()}: axis {axis} has extent {extent}, which is not divisible by "
+        f"{'*'.join('DID' + m for m in layout.mesh_axes_of(digits))} "
+        f"({layout.local_numel_divisor(digits, sizes)} devices)"
+    )
+
+
+def _concrete(tv: TensorView, k: int, digits, sizes):
+    try:
+        return layout.concrete(digits, sizes)
+    except (NvShardError, ValueError, KeyError):
+        extent = sizes.evaluate_size(tv.logical[k].extent())
+        raise indivisible(tv, k, digits, extent, tv.mesh) from None
 
 
 _PARALLEL = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}

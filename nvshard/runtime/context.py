@@ -9,11 +9,10 @@ import torch
 from ..multidevice import layout
 
 
-def result_only_axes(expr, out_index: int) -> list:
+def result_only_axes(expr, rule, out_index: int) -> list:
     """Per non-reduction axis of result `out_index`: True when none of its
     factors appears in an operand. Ops compute such axes whole (a slice,
     random numbers, an expansion); the executor keeps the local block."""
-    rule = expr.rule()
     operand_factors = {f for axes in rule.operands for a in axes for f in a}
     out = expr.tv_outputs[out_index]
     flags = []
@@ -67,7 +66,7 @@ class EvalContext:
         out = self._out(i)
         local = self.local_shape(out)
         full = self.global_shape(i)
-        flags = result_only_axes(self.expr, i)
+        flags = result_only_axes(self.expr, self.program.rule(self.expr), i)
         return [f if ro else l for l, f, ro in zip(local, full, flags)]
 
     def localize(self, i: int, t: torch.Tensor, dims: list) -> torch.Tensor:
@@ -114,7 +113,7 @@ class EvalContext:
 
 
 def localize_result_only(ctx: EvalContext, expr, i: int, t: torch.Tensor) -> torch.Tensor:
-    flags = result_only_axes(expr, i)
+    flags = result_only_axes(expr, ctx.program.rule(expr), i)
     if not any(flags):
         return t
     out = expr.tv_outputs[i]
