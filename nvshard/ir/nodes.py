@@ -427,6 +427,8 @@ class Expr:
         self.attrs = dict(attrs or {})
         self._rule = None
         self._sized_rules = None
+        self._tv_inputs = None
+        self._tv_outputs = None
         self.origin = self  # the user's expr this one was rewired from
 
     def rewired(self, inputs: list, outputs: list) -> "Expr":
@@ -437,11 +439,15 @@ class Expr:
 
     @property
     def tv_inputs(self) -> list[TensorView]:
-        return [v for v in self.inputs if isinstance(v, TensorView)]
+        if self._tv_inputs is None:  # inputs never change once the expr is built
+            self._tv_inputs = [v for v in self.inputs if isinstance(v, TensorView)]
+        return self._tv_inputs
 
     @property
     def tv_outputs(self) -> list[TensorView]:
-        return [v for v in self.outputs if isinstance(v, TensorView)]
+        if self._tv_outputs is None:
+            self._tv_outputs = [v for v in self.outputs if isinstance(v, TensorView)]
+        return self._tv_outputs
 
     def rule(self, sizes=None):
         """The op's sharding rule; with concrete `sizes` for ops whose rule

@@ -91,7 +91,9 @@ class Size:
         if self._epoch == _EPOCH[0]:
             return self._canonical
         self._canonical = self._compute_canonical()
-        self._key = (self._canonical.coef, tuple(id(s) for s in self._canonical.syms))
+        coef = self._canonical.coef
+        # ints hash much faster than Fractions, and these keys are hashed a lot
+        self._key = (coef.numerator if coef.denominator == 1 else coef, tuple(id(s) for s in self._canonical.syms))
         self._epoch = _EPOCH[0]
         return self._canonical
 

@@ -39,6 +39,8 @@ class DeviceMesh:
         self._devices = tensor
         self._flat = flat
         self._coords = {dev: idx for dev, idx in zip(flat, itertools.product(*[range(s) for s in tensor.shape]))}
+        self._shape = tuple(int(s) for s in tensor.shape)
+        self._hash = hash((self._shape, tuple(flat)))
         names = layout.MESH_AXES[: tensor.dim()][::-1]
         self._sizes = {name: int(tensor.shape[i]) for i, name in enumerate(names)}  # read-only
 
@@ -49,7 +51,7 @@ class DeviceMesh:
 
     @property
     def shape(self) -> tuple:
-        return tuple(self._devices.shape)
+        return self._shape
 
     @property
     def ndim(self) -> int:
@@ -120,10 +122,13 @@ class DeviceMesh:
 
     # -- identity ----------------------------------------------------------------
     def __eq__(self, other) -> bool:
-        return isinstance(other, DeviceMesh) and self.shape == other.shape and self._flat == other._flat
+        if self is other:
+            return True
+        return isinstance(other, DeviceMesh) and self._hash == other._hash and self._shape == other._shape \
+            and self._flat == other._flat
 
     def __hash__(self) -> int:
-        return hash((self.shape, tuple(self._flat)))
+        return self._hash
 
     def __repr__(self) -> str:
         strides = list(self.shape)

@@ -31,6 +31,7 @@ a neighbour. Every decision is logged with its source, priority and stage.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -118,6 +119,7 @@ class Engine:
         self._heap_counter = 0
         self._adjacent = {tv: self._exprs_of(tv) for tv in program.state}
         self._entry_cache: dict = {}
+        self._used_cache: dict = {}
         self.depth, self.canon = _structure(program)
         self._seed()
 
@@ -242,29 +244,38 @@ class Engine:
         return set(mesh.axis_names) <= used
 
     def _used(self, tv, reduction: bool) -> set:
-        used = set()
-        for id_, d in zip(tv.logical, self.decided[tv]):
-            if d is not None and id_.is_reduction() == reduction:
-                used.update(layout.mesh_axes_of(d.digits))
+        """Mesh axes tv's decided iteration (or reduction) axes use; cached
+        until tv's decisions change."""
+        key = (tv, reduction)
+        used = self._used_cache.get(key)
+        if used is None:
+            used = set()
+            for id_, d in zip(tv.logical, self.decided[tv]):
+                if d is not None and d.digits and id_.is_reduction() == reduction:
+                    used.update(layout.mesh_axes_of(d.digits))
+            self._used_cache[key] = used
         return used
 
     def _entries(self, expr) -> list:
         """Every tensor axis of expr that maps to factors (fixed structure, cached)."""
-        cached = self._entry_cache.get(expr)
-        if cached is None:
-            rule = self.p.rule(expr)
-            cached = []
-            axes = [(tv, zip(tv.non_reduction_axes(), rule.operands[i]), "operand")
-                    for i, tv in enumerate(expr.tv_inputs)]
-            axes += [(tv, enumerate(rule.results[i]), "result") for i, tv in enumerate(expr.tv_outputs)]
-            for tv, pairs, role in axes:
-                for k, factors in pairs:
-                    if factors:
-                        cached.append(_Entry(tv, k, factors, role, [rule.factors[f].extent for f in factors],
-                                             tv.logical[k].is_reduction(),
-                                             " ".join(rule.factors[f].name for f in factors)))
-            self._entry_cache[expr] = cached
-        return cached
+        try:
+            return self._entry_cache[expr]
+        except KeyError:
+            entries = self._entry_cache[expr] = self._build_entries(expr)
+            return entries
+
+    def _build_entries(self, expr) -> list:
+        rule = self.p.rule(expr)
+        entries = []
+        axes = [(tv, zip(tv.non_reduction_axes(), rule.operands[i]), "operand") for i, tv in enumerate(expr.tv_inputs)]
+        axes += [(tv, enumerate(rule.results[i]), "result") for i, tv in enumerate(expr.tv_outputs)]
+        for tv, pairs, role in axes:
+            for k, factors in pairs:
+                if factors:
+                    entries.append(_Entry(tv, k, factors, role, [rule.factors[f].extent for f in factors],
+                                          tv.logical[k].is_reduction(),
+                                          " ".join(rule.factors[f].name for f in factors)))
+        return entries
 
     def _expr_proposals(self, expr) -> list:
         decided = self.decided
@@ -428,8 +439,9 @@ class Engine:
             if self.mesh[tv] is None and m.mesh is not None:
                 self.mesh[tv] = m.mesh
             src = m.sources[0] if m.sources else None
-            text = _source_text(m, src)
+            text = functools.partial(_source_text, m, src)  # formatted when the log is read
             self.decided[tv][m.axis] = Decision(m.digits, m.priority, m.stage, text)
+            self._used_cache.pop((tv, tv.logical[m.axis].is_reduction()), None)
             self.log.decide(tv, m.axis, m.digits, text, m.priority, _stage_name(m.stage), reason)
             changed.add(tv)
         self._after_change(changed)

@@ -11,8 +11,12 @@ from ..multidevice import layout
 
 
 class DecisionLog:
+    """Entries are formatted only when read: big fusions log thousands of
+    decisions and usually nobody prints them."""
+
     def __init__(self):
-        self.entries: list[tuple] = []  # (tensor, text)
+        self.entries: list[tuple] = []  # (tensor, text or a function making it)
+        self._notes: set = set()
 
     def _axis_name(self, tv, axis: int) -> str:
         id_ = tv.logical[axis]
@@ -20,14 +24,19 @@ class DecisionLog:
         return f"{tv.short_name()} {kind} {axis}"
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
-        what = layout.describe(digits) if digits else "replicated"
-        text = f"{self._axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
-        if reason:
-            text += f"; chosen in a conflict ({reason})"
+        """`source` is a string or a function returning one."""
+
+        def text():
+            what = layout.describe(digits) if digits else "replicated"
+            src = source() if callable(source) else source
+            line = f"{self._axis_name(tv, axis)} <- {what}: {src}; priority {priority}; stage {stage}"
+            return line + (f"; chosen in a conflict ({reason})" if reason else "")
+
         self.entries.append((tv, text))
 
     def note(self, tv, text: str) -> None:
-        if (tv, text) not in self.entries:
+        if (tv, text) not in self._notes:
+            self._notes.add((tv, text))
             self.entries.append((tv, text))
 
     def conflict(self, tv, scored: list, winner: list, reason: str) -> None:
@@ -44,7 +53,11 @@ class DecisionLog:
         self.entries.append((tv, "\n".join(lines)))
 
     def explain(self, tv) -> list[str]:
-        return [text for t, text in self.entries if t is tv]
+        return [_text(entry) for t, entry in self.entries if t is tv]
 
     def text(self) -> str:
-        return "\n".join(text for _, text in self.entries)
+        return "\n".join(_text(entry) for _, entry in self.entries)
+
+
+def _text(entry) -> str:
+    return entry() if callable(entry) else entry

@@ -49,9 +49,11 @@ class Plan:
     # -- built by the pipeline --------------------------------------------------------
     def record_propagation(self, log) -> None:
         self.log = log
-        self.propagated = {tv: state.copy() for tv, state in self.program.state.items()}
+        # passes replace states, they never mutate one: a shallow copy is a snapshot
+        self.propagated = dict(self.program.state)
 
     def check_divisibility(self) -> None:
+        checked = set()
         for tv, state in self.propagated.items():
             if state.mesh is None:
                 continue
@@ -59,12 +61,16 @@ class Plan:
             for k, digits in enumerate(state.layouts):
                 if not digits or tv.logical[k].is_reduction():
                     continue
-                axis = tv.non_reduction_axes().index(k)
-                extent = self.sizes.global_extent(tv, axis)
+                id_ = tv.logical[k]
+                key = (layout.key(digits), (id_.expanded or id_.extent()).key(), state.mesh)
+                if key in checked:
+                    continue
+                extent = self.sizes.global_extent(tv, tv.non_reduction_axes().index(k))
                 try:
                     layout.segments(digits, extent, sizes, self.sizes.bindings)
                 except (layout.ShardingError, ValueError):
                     raise indivisible(tv, k, digits, extent, state.mesh) from None
+                checked.add(key)
 
     def record_communications(self) -> None:
         received: dict = {}

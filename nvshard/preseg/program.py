@@ -65,7 +65,7 @@ class Program:
         self.state: dict[TensorView, TvState] = {}
         for tv in fusion.tvs():
             layouts = tv.layouts() if tv.mesh is not None else [() for _ in tv.logical]
-            if sizes is not None:
+            if sizes is not None and tv.mesh is not None:
                 # concrete block sizes, so equal layouts compare equal
                 layouts = [_concrete(tv, k, d, sizes) for k, d in enumerate(layouts)]
             self.state[tv] = TvState(tv.mesh, layouts)

@@ -61,6 +61,12 @@ class NumelModel:
 
     def __init__(self, extent: Callable):
         self.extent = extent
+        self.plans: dict = {}  # reshard plans by tensor signature and layouts
+
+    def signature(self, tv) -> tuple:
+        """What a reshard plan depends on besides the layouts."""
+        return (tv.dtype().itemsize,
+                tuple((id_.is_reduction(), id_.is_broadcast(), self.extent(tv, k)) for k, id_ in enumerate(tv.logical)))
 
     def local_numel(self, tv, state: TvState) -> float:
         n = 1.0
@@ -85,6 +91,14 @@ class NumelModel:
 
 def plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
     """The cheapest sequence of single-mesh-axis steps from src to dst."""
+    key = (model.signature(tv), src.key(), dst.key())
+    steps = model.plans.get(key)
+    if steps is None:
+        steps = model.plans[key] = _plan_reshard(tv, src, dst, model)
+    return steps
+
+
+def _plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
     itemsize = tv.dtype().itemsize
     if src.mesh is not None and dst.mesh is not None and src.mesh != dst.mesh:
         return _cross_mesh(tv, src, dst, model, itemsize)

@@ -264,3 +264,130 @@ def annotate_transformer(inputs: dict, mesh, sequence_parallel: bool) -> None:
     for name in ("proj_w", "down_w"):
         inputs[name].outer_split(-1, d)
         inputs[name].axis(-2).parallelize(nvfuser.ParallelType.mesh_x)
+
+
+# -- appended for the benchmarks (tools/bench_comm.py, tools/bench_propagation.py) --------
+
+
+def triangle_attention(fd, direction: Direction, c_z: int = 128, c_hidden: int = 32, n_heads: int = 4,
+                       dtype=DataType.BFloat16):
+    """AlphaFold3 triangle attention, as upstream's tests/python/direct/test_alphafold3.py
+    defines it (starting node = OUTGOING, ending node = INCOMING). Returns
+    (inputs dict, named intermediates)."""
+    h = n_heads
+    z_in_tv = fd.define_tensor(shape=[-1, -1, -1, c_z], dtype=dtype, contiguity=True)  # [b, i, j, c_z]
+    z_in = fd.ops.permute(z_in_tv, [0, 2, 1, 3]) if direction is Direction.INCOMING else z_in_tv
+    w_q = fd.define_tensor(shape=[h * c_hidden, c_z], dtype=dtype, contiguity=True)
+    w_k = fd.define_tensor(shape=[h * c_hidden, c_z], dtype=dtype, contiguity=True)
+    w_b = fd.define_tensor(shape=[h, c_z], dtype=dtype, contiguity=True)
+    mask_tv = fd.define_tensor(shape=[-1, -1, -1], dtype=DataType.Bool, contiguity=True)  # [b, i, j]
+    mask = fd.ops.permute(mask_tv, [0, 2, 1]) if direction is Direction.INCOMING else mask_tv
+    w_v = fd.define_tensor(shape=[h * c_hidden, c_z], dtype=dtype, contiguity=True)
+    w_g = fd.define_tensor(shape=[h * c_hidden, c_z], dtype=dtype, contiguity=True)
+    w_o = fd.define_tensor(shape=[c_z, h * c_hidden], dtype=dtype, contiguity=True)
+
+    batch_size = fd.ops.size(z_in, 0)
+    n_tokens = fd.ops.size(z_in, 1)
+
+    def heads(t):  # [b, i, j, h*c] -> [b, i, h, j, c]
+        t = fd.ops.reshape(t, [batch_size, n_tokens, n_tokens, h, -1])
+        return fd.ops.permute(t, [0, 1, 3, 2, 4])
+
+    q_h = heads(fd.ops.linear(z_in, w_q))
+    k_h = heads(fd.ops.linear(z_in, w_k))
+    b_h = fd.ops.permute(fd.ops.linear(z_in, w_b), [0, 3, 1, 2])  # [b, h, j, k]
+    b_h = fd.ops.broadcast_in_dim(b_h, shape=[batch_size, 1, h, n_tokens, n_tokens], broadcast_dims=[0, 2, 3, 4])
+    mask = fd.ops.broadcast_in_dim(mask, shape=[batch_size, n_tokens, 1, 1, n_tokens], broadcast_dims=[0, 1, 4])
+    v_h = heads(fd.ops.linear(z_in, w_v))
+    o_h, _, _, _ = fd.ops.sdpfa_fwd(q_h, k_h, v_h, bias=b_h, mask=mask, is_causal=False)  # [b, i, h, j, c]
+    g_h = heads(fd.ops.sigmoid(fd.ops.linear(z_in, w_g)))
+    o_h = fd.ops.cast(fd.ops.mul(o_h, g_h), dtype=dtype)
+    o = fd.ops.permute(o_h, [0, 1, 3, 2, 4])  # [b, i, j, h, c]
+    o = fd.ops.reshape(o, [batch_size, n_tokens, n_tokens, -1])
+    z_out = fd.ops.linear(o, w_o)  # [b, i, j, c_z]
+    if direction is Direction.INCOMING:
+        z_out = fd.ops.permute(z_out, [0, 2, 1, 3])
+    fd.add_output(z_out)
+    inputs = dict(z_in=z_in_tv, w_q=w_q, w_k=w_k, w_b=w_b, mask=mask_tv, w_v=w_v, w_g=w_g, w_o=w_o)
+    return inputs, dict(q_h=q_h, k_h=k_h, b_h=b_h, v_h=v_h, o_h=o_h, z_out=z_out)
+
+
+def annotate_triangle_matmul(matmul_out, mesh, dp: int, cp: int, direction: Direction, swap_operands: bool = False):
+    """The hand annotation of upstream's test_triangle_updates ("TODO(#5901)"):
+    matmul_out [b->DIDz, c, i->DIDy, j->DIDx] with the contraction k pending on
+    DIDx (outgoing) or DIDy (incoming). With swapped operands the output is
+    [b, c, j, i]: j->DIDx, i->DIDy."""
+    P = nvfuser.ParallelType
+    matmul_out.set_device_mesh(mesh)
+    matmul_out.outer_split(-1, cp)
+    matmul_out.axis(-2).parallelize(P.mesh_x if direction is Direction.OUTGOING else P.mesh_y)
+    j_axis, i_axis = (3, 2) if not swap_operands else (2, 3)
+    first, second = max(i_axis, j_axis), min(i_axis, j_axis)
+    for axis in (first, second):
+        matmul_out.outer_split(axis, cp)
+        matmul_out.axis(axis).parallelize(P.mesh_x if axis == j_axis else P.mesh_y)
+    matmul_out.outer_split(0, dp)
+    matmul_out.axis(0).parallelize(P.mesh_z)
+
+
+def _split(tv, axis: int, factor: int, ptype) -> None:
+    tv.outer_split(axis, factor)
+    tv.axis(axis).parallelize(ptype)
+
+
+def annotate_mlp_2d(tvs: dict, mesh, sequence_parallel: bool) -> None:
+    """dp x tp mesh (mesh_y = dp, mesh_x = tp): inp t->DIDy (SP: t->DIDy*DIDx),
+    up_w 4h->DIDx, down_w 4h->DIDx; weights replicated over dp."""
+    dp, tp = mesh.shape[-2], mesh.shape[-1]
+    P = nvfuser.ParallelType
+    for tv in tvs.values():
+        tv.set_device_mesh(mesh)
+    inp = tvs["inp"]
+    _split(inp, 0, dp, P.mesh_y)
+    if sequence_parallel:
+        _split(inp, 1, tp, P.mesh_x)
+    _split(tvs["up_w"], 0, tp, P.mesh_x)
+    _split(tvs["down_w"], 1, tp, P.mesh_x)
+
+
+def annotate_mlp_megatron(named: dict, mesh) -> None:
+    """The hand-designed (Megatron) plan: gelu's input y = [t, 4h->DIDx]
+    (and t->DIDy on a dp x tp mesh)."""
+    P = nvfuser.ParallelType
+    y = named["y"]
+    y.set_device_mesh(mesh)
+    tp = mesh.shape[-1]
+    _split(y, 1, tp, P.mesh_x)
+    if len(mesh.shape) >= 2 and mesh.shape[-2] > 1:
+        _split(y, 0, mesh.shape[-2], P.mesh_y)
+
+
+def annotate_transformer_2d(inputs: dict, mesh, sequence_parallel: bool) -> None:
+    """dp x tp mesh (mesh_y = dp, mesh_x = tp): inp b->DIDy (SP: also s->DIDx),
+    weights as upstream's schedule on DIDx, replicated over dp."""
+    dp, tp = mesh.shape[-2], mesh.shape[-1]
+    P = nvfuser.ParallelType
+    for tv in inputs.values():
+        tv.set_device_mesh(mesh)
+    _split(inputs["inp"], 0, dp, P.mesh_y)
+    if sequence_parallel:
+        _split(inputs["inp"], 2, tp, P.mesh_x)  # loop [dp, b/dp, s, e]: s is loop axis 2
+    for name in ("qkv_w", "qkv_b", "up_w", "up_b"):
+        _split(inputs[name], 0, tp, P.mesh_x)
+    for name in ("proj_w", "down_w"):
+        inputs[name].outer_split(-1, tp)
+        inputs[name].axis(-2).parallelize(P.mesh_x)
+
+
+def annotate_transformer_megatron(named: dict, mesh) -> None:
+    """The hand-designed (Megatron) plan: the QKV and MLP-up linear outputs
+    sharded on their output features (DIDx), batch on DIDy on a dp x tp mesh."""
+    P = nvfuser.ParallelType
+    tp = mesh.shape[-1]
+    dp = mesh.shape[-2] if len(mesh.shape) >= 2 else 1
+    for name in ("mha_linear0_out", "mlp_linear0_out"):
+        tv = named[name]
+        tv.set_device_mesh(mesh)
+        _split(tv, 2, tp, P.mesh_x)
+        if dp > 1:
+            _split(tv, 0, dp, P.mesh_y)

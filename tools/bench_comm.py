@@ -1,0 +1,505 @@
+"""Communication volume, side by side: nvshard's default propagation, nvFuser's
+current heuristic (legacy), the hand-designed plan, the optimum, and (when jax
+is importable) Shardy and GSPMD.
+
+    .venv/bin/python tools/bench_comm.py [--json bench-results/comm.json] [--only triangle,mlp]
+                                         [--no-optimum] [--verify] [--no-jax]
+
+Every figure is bytes received per device (the most any device receives) by
+all collectives of the program, with concrete sizes:
+
+    allgather       out - in          = (d-1) * local input
+    reduce-scatter  in - out          = (d-1)/d * local input
+    allreduce       2(d-1)/d * size
+    all-to-all      (d-1)/d * size
+    permute / send  size
+
+Columns
+  default   nvshard.propagate_shardings(fd, shapes, propagation="default")
+  legacy    propagation="legacy": nvFuser's pass today (forward sweep that
+            prefers the weight / matmul's second operand, then backward sweep)
+  designed  the hand-designed plan: the annotations of upstream's tests plus the
+            intermediate annotation they need (triangle: matmul_out [b->z, c,
+            i->y, j->x], k pending, as upstream's "TODO(#5901)" block; MLP and
+            transformer: Megatron's layout, linear outputs sharded on their
+            output features), then nvshard's default propagation
+  optimum   exact minimum over block shardings of every unannotated tensor, with
+            the fusion outputs pinned to the shardings nvshard default gives them,
+            and every linear/matmul/attention splitting its work over all mesh
+            axes (tools/optimum.py, balanced=True); on 3-D meshes without nested
+            splits of one axis
+  Shardy / GSPMD  (only when a tools/bench_jax.py port and jax are present: not
+            written yet) the same program in JAX on CPU host devices
+
+A cell reads "MiB (collectives)"; AG allgather, RS reduce-scatter, AR allreduce,
+A2A all-to-all, CP collective-permute / send-recv. "†" marks a plan whose
+fusion outputs end up sharded differently from nvshard default's (so its bytes
+are for a different result layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import nvshard as nvfuser  # noqa: E402
+from nvshard import DataType, FusionDefinition  # noqa: E402
+import models  # noqa: E402
+from models import Direction  # noqa: E402
+
+MiB = float(1 << 20)
+ABBREV = {"allgather": "AG", "reduce_scatter": "RS", "allreduce": "AR", "all_to_all": "A2A",
+          "send_recv": "CP", "broadcast": "BC", "collective_permute": "CP"}
+FORMULAS = {
+    "allgather": "out - in = (d-1) * local input",
+    "reduce_scatter": "in - out = (d-1)/d * local input",
+    "allreduce": "2(d-1)/d * size",
+    "all_to_all": "(d-1)/d * size",
+    "collective_permute / send_recv": "size",
+    "broadcast": "size (cross-mesh; not used here)",
+}
+
+# Sizes (global)
+TRI = dict(b=2, n=64, c=128)  # f32, as ANCHORS.md
+ATTN = dict(b=2, n=64, c=128, c_hidden=32, heads=4)  # f32
+MLP_H = 512  # f32; 4h = 2048
+MLP_T = {"t<4h": 1024, "t>4h": 8192}
+TF = dict(b=2, s=1024, heads=8, e=1024)  # bf16, as upstream's test
+
+
+def make_mesh(shape):
+    return nvfuser.multidevice.DeviceMesh(torch.arange(math.prod(shape)).reshape(shape))
+
+
+# -- programs ------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    program: str  # e.g. "triangle update outgoing"
+    variant: str  # e.g. "upstream order"
+    mesh_shape: tuple
+    build: Callable  # build(designed: bool) -> (fd, input_shapes, unsharded inputs maker)
+    has_designed: bool
+    jax_key: Optional[tuple] = None  # what bench_jax needs to rebuild the program
+
+    @property
+    def name(self) -> str:
+        return f"{self.program}, {self.variant}" if self.variant else self.program
+
+    @property
+    def mesh_text(self) -> str:
+        return "x".join(str(s) for s in self.mesh_shape)
+
+
+def _triangle_case(direction: Direction, swap: bool, mesh_shape):
+    b, n, c = TRI["b"], TRI["n"], TRI["c"]
+
+    def build(designed: bool):
+        dp, cp = mesh_shape[0], mesh_shape[1]
+        with FusionDefinition() as fd:
+            inputs, mm = models.triangle_update(fd, direction, c, DataType.Float, swap)
+            mesh = make_mesh(mesh_shape)
+            models.annotate_triangle(inputs, mesh, dp, cp)
+            if designed:
+                models.annotate_triangle_matmul(mm, mesh, dp, cp, direction, swap)
+        shapes = [[b, n, n, c], [c], [c], [2 * c, c], [2 * c, c], [c], [c], [c, c], [c, c], [b, n, n]]
+
+        def data():
+            g = torch.Generator().manual_seed(0)
+            r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+            return [r(b, n, n, c), r(c), r(c), r(2 * c, c) / c ** 0.5, r(2 * c, c) / c ** 0.5, r(c), r(c),
+                    r(c, c) / c ** 0.5, r(c, c) / c ** 0.5, torch.rand(b, n, n, generator=g) > 0.2]
+        return fd, shapes, data
+
+    return Case(f"triangle update {direction.value}", "operands swapped" if swap else "upstream order",
+                mesh_shape, build, True, ("triangle", direction.value, swap))
+
+
+def _attention_case(direction: Direction, mesh_shape):
+    b, n, c, ch, h = ATTN["b"], ATTN["n"], ATTN["c"], ATTN["c_hidden"], ATTN["heads"]
+
+    def build(designed: bool):
+        with FusionDefinition() as fd:
+            inputs, _ = models.triangle_attention(fd, direction, c, ch, h, DataType.Float)
+            mesh = make_mesh(mesh_shape)
+            models.annotate_triangle(inputs, mesh, mesh_shape[0], mesh_shape[1])
+        hc = h * ch
+        shapes = [[b, n, n, c], [hc, c], [hc, c], [h, c], [b, n, n], [hc, c], [hc, c], [c, hc]]
+
+        def data():
+            g = torch.Generator().manual_seed(0)
+            r = lambda *s: torch.randn(*s, generator=g) / 8  # noqa: E731
+            return [r(b, n, n, c), r(hc, c), r(hc, c), r(h, c), torch.rand(b, n, n, generator=g) > 0.2, r(hc, c),
+                    r(hc, c), r(c, hc)]
+        return fd, shapes, data
+
+    node = "starting node" if direction is Direction.OUTGOING else "ending node"
+    return Case(f"triangle attention {direction.value}", node, mesh_shape, build, False,
+                ("attention", direction.value))
+
+
+def _mlp_case(sp: bool, size: str, mesh_shape):
+    t, h = MLP_T[size], MLP_H
+
+    def build(designed: bool):
+        with FusionDefinition() as fd:
+            tvs, named = models.mlp(fd, t, h, DataType.Float)
+            mesh = make_mesh(mesh_shape)
+            if len(mesh_shape) == 1:
+                models.annotate_mlp(tvs, mesh, sp)
+            else:
+                models.annotate_mlp_2d(tvs, mesh, sp)
+            if designed:
+                models.annotate_mlp_megatron(named, mesh)
+        shapes = [[t, h], [4 * h, h], [h, 4 * h]]
+
+        def data():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(t, h, generator=g), torch.randn(4 * h, h, generator=g) / h ** 0.5,
+                    torch.randn(h, 4 * h, generator=g) / (4 * h) ** 0.5]
+        return fd, shapes, data
+
+    return Case(f"MLP {'SP' if sp else 'TP'}", f"{size} (t={t}, h={h})", mesh_shape, build, True,
+                ("mlp", sp, t, h))
+
+
+def _transformer_case(sp: bool, mesh_shape):
+    b, s, heads, e = TF["b"], TF["s"], TF["heads"], TF["e"]
+
+    def build(designed: bool):
+        with FusionDefinition() as fd:
+            inputs, named = models.transformer_forward(fd, b, s, heads, e)
+            mesh = make_mesh(mesh_shape)
+            if len(mesh_shape) == 1:
+                models.annotate_transformer(inputs, mesh, sp)
+            else:
+                models.annotate_transformer_2d(inputs, mesh, sp)
+            if designed:
+                models.annotate_transformer_megatron(named, mesh)
+        shapes = [[b, s, e], [e], [e], [3 * e, e], [3 * e], [e, e], [e], [e], [e], [4 * e, e], [4 * e], [e, 4 * e],
+                  [e]]
+
+        def data():
+            g = torch.Generator().manual_seed(0)
+            out = []
+            for shape in shapes:
+                fan = shape[-1]
+                out.append((torch.randn(*shape, generator=g) / fan ** 0.5).to(torch.bfloat16))
+            return out
+        return fd, shapes, data
+
+    return Case(f"transformer layer {'SP' if sp else 'TP'}", f"b={b} s={s} e={e} heads={heads}", mesh_shape, build,
+                True, ("transformer", sp))
+
+
+def cases() -> list:
+    out = []
+    for ms in [(1, 2, 2), (2, 2, 2)]:
+        for direction in (Direction.OUTGOING, Direction.INCOMING):
+            for swap in (False, True):
+                out.append(_triangle_case(direction, swap, ms))
+    for ms in [(1, 2, 2), (2, 2, 2)]:
+        for direction in (Direction.OUTGOING, Direction.INCOMING):
+            out.append(_attention_case(direction, ms))
+    for sp in (False, True):
+        for size in MLP_T:
+            for ms in [(4,), (2, 2)]:
+                out.append(_mlp_case(sp, size, ms))
+    for sp in (False, True):
+        for ms in [(4,), (2, 2)]:
+            out.append(_transformer_case(sp, ms))
+    return out
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+def summarize(comms) -> tuple:
+    """(bytes per device, {kind: count}) from nvshard Communication records;
+    collectives over groups of one device (size-1 mesh axes) move nothing and
+    are left out."""
+    counts: dict = {}
+    for c in comms:
+        if c.groups and max(len(g) for g in c.groups) <= 1:
+            continue
+        counts[c.kind] = counts.get(c.kind, 0) + 1
+    return counts
+
+
+def cell(entry) -> str:
+    if entry is None:
+        return "–"
+    if "error" in entry:
+        return "error"
+    text = f"{entry['bytes'] / MiB:.2f}"
+    counts = entry.get("collectives") or {}
+    parts = [f"{n}{ABBREV.get(k, k)}" if n > 1 else ABBREV.get(k, k) for k, n in sorted(counts.items())]
+    text += f" ({' '.join(parts)})" if parts else " (none)"
+    if entry.get("output_differs"):
+        text += " †"
+    return text
+
+
+def out_keys(plan, fusion) -> list:
+    """The outputs' shardings, comparable across fusions (mesh axes per axis)."""
+    from nvshard.multidevice import layout
+
+    keys = []
+    for o in fusion.outputs():
+        s = plan.propagated[o]
+        keys.append((str(s.mesh), tuple(layout.mesh_axes_of(d) for d, i in zip(s.layouts, o.logical)
+                                        if not i.is_reduction())))
+    return keys
+
+
+def run_nvshard(fd, shapes, mode: str, reference_outputs=None) -> dict:
+    t0 = time.perf_counter()
+    plan = nvfuser.propagate_shardings(fd, shapes, propagation=mode)
+    entry = dict(bytes=plan.bytes_per_device, collectives=summarize(plan.communications),
+                 plan_s=time.perf_counter() - t0,
+                 communications=[dict(kind=c.kind, tensor=c.tensor, mesh_axis=c.mesh_axis,
+                                      bytes=c.bytes_received) for c in plan.communications])
+    if reference_outputs is not None:
+        entry["output_differs"] = out_keys(plan, fd.fusion) != reference_outputs
+    return entry, plan
+
+
+def run_optimum(fd, shapes, default_plan, mesh_shape) -> dict:
+    from optimum import TooBig, optimum
+
+    active = sum(1 for s in mesh_shape if s > 1)
+    nested = active <= 2
+    fixed = {o: default_plan.propagated[o] for o in fd.fusion.outputs()}
+    t0 = time.perf_counter()
+    try:
+        r = optimum(fd, shapes, fixed=fixed, nested=nested, balanced=True)
+    except TooBig as e:
+        return dict(error=f"too big: {e}")
+    entry = dict(bytes=r.bytes_per_device, collectives=summarize(r.communications), exact=r.exact,
+                 lower_bound=r.lower_bound,
+                 nested=nested, balanced=True, search_s=time.perf_counter() - t0, stats=r.stats,
+                 objective=r.objective, plan=r.plan,
+                 communications=[dict(kind=c.kind, tensor=c.tensor, mesh_axis=c.mesh_axis, bytes=c.bytes_received)
+                                 for c in r.communications])
+    if active <= 2:  # cheap: also without the balance constraint
+        try:
+            u = optimum(fd, shapes, fixed=fixed, nested=nested, balanced=False)
+            entry["unbalanced"] = dict(bytes=u.bytes_per_device, collectives=summarize(u.communications),
+                                       exact=u.exact)
+        except TooBig:
+            pass
+    return entry
+
+
+def verify(plan, data_fn) -> dict:
+    """Run every rank of a plan in this process (simulated collectives): bytes
+    each rank received against the plan, and the output against unsharded
+    torch evaluation of the same fusion."""
+    from nvshard.api import assemble
+    from nvshard.multidevice import shard_tensor
+    from nvshard.runtime.backends import SimulatedBackend
+    from nvshard.runtime.executor import run_program
+
+    inputs = data_fn()
+    vals = plan.fusion.inputs()
+    devices = plan.devices()
+    world = max(devices) + 1
+    per_rank = {r: [shard_tensor(t, v, r) if v.mesh is not None else t for v, t in zip(vals, inputs)]
+                for r in range(world)}
+    backend = SimulatedBackend()
+    outputs = run_program(plan, per_rank, backend, torch.device("cpu"), 0)
+    measured = dict(backend.received)
+    planned = {r: plan.bytes_received(r) for r in range(world)}
+    bytes_ok = all(abs(measured.get(r, 0.0) - planned[r]) < 1e-6 for r in range(world))
+    outs = [assemble(plan, tv, {r: o[i] for r, o in outputs.items()}) for i, tv in enumerate(plan.program.outputs)]
+    return dict(bytes_ok=bytes_ok, measured=max(measured.values(), default=0.0), outputs=outs)
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", default=os.path.join("bench-results", "comm.json"))
+    parser.add_argument("--only", default="", help="comma-separated substrings of program names")
+    parser.add_argument("--no-optimum", action="store_true")
+    parser.add_argument("--no-jax", action="store_true")
+    parser.add_argument("--verify", action="store_true",
+                        help="also run each nvshard plan and the optimum's on simulated ranks: measured bytes "
+                             "== planned, outputs equal (slower)")
+    args = parser.parse_args(argv)
+
+    jax_bench = None
+    if not args.no_jax:
+        try:
+            import bench_jax
+            if bench_jax.available():
+                jax_bench = bench_jax
+        except Exception:  # noqa: BLE001 - jax is optional
+            jax_bench = None
+
+    selected = [c for c in cases() if not args.only or any(s.strip().lower() in c.name.lower()
+                                                            for s in args.only.split(","))]
+    rows = []
+    start = time.perf_counter()
+    for case in selected:
+        row = dict(program=case.program, variant=case.variant, mesh=list(case.mesh_shape))
+        try:
+            fd, shapes, data = case.build(False)
+            row["exprs"] = len(fd.fusion.exprs)
+            row["default"], dplan = run_nvshard(fd, shapes, "default")
+            ref = out_keys(dplan, fd.fusion)
+            row["legacy"], lplan = run_nvshard(fd, shapes, "legacy", ref)
+            plans = {"default": dplan, "legacy": lplan}
+            if case.has_designed:
+                dfd, dshapes, _ = case.build(True)
+                row["designed"], plans["designed"] = run_nvshard(dfd, dshapes, "default", ref)
+            if not args.no_optimum:
+                row["optimum"] = run_optimum(fd, shapes, dplan, case.mesh_shape)
+                if "plan" in row["optimum"]:
+                    plans["optimum"] = row["optimum"].pop("plan")
+            if jax_bench is not None and case.jax_key is not None:
+                try:
+                    row.update(jax_bench.measure(case.jax_key, case.mesh_shape, dict(TRI=TRI, ATTN=ATTN, MLP_H=MLP_H,
+                                                                                        TF=TF)))
+                except Exception as e:  # noqa: BLE001
+                    row["shardy"] = row["gspmd"] = dict(error=f"{type(e).__name__}: {e}")
+            if args.verify:
+                checks = {}
+                reference = None
+                for name, plan in plans.items():
+                    v = verify(plan, data)
+                    if reference is None:
+                        reference = v["outputs"]
+                    close = all(torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+                                for a, b in zip(v["outputs"], reference))
+                    checks[name] = dict(bytes_ok=v["bytes_ok"], measured=v["measured"], outputs_match_default=close)
+                row["verify"] = checks
+        except Exception as e:  # noqa: BLE001 - keep benchmarking the rest
+            row["error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        rows.append(row)
+        _progress(row)
+    elapsed = time.perf_counter() - start
+
+    print()
+    print(render(rows, jax_bench is not None))
+    print()
+    print(notes(rows, jax_bench))
+    print(f"\n({len(rows)} programs in {elapsed:.0f} s)")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(dict(sizes=dict(triangle_update=TRI, triangle_attention=ATTN, mlp=dict(h=MLP_H, t=MLP_T),
+                                      transformer=TF),
+                           formulas=FORMULAS, rows=rows, seconds=elapsed), f, indent=1, default=_json_default)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _json_default(o):
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def _progress(row) -> None:
+    parts = [f"{row['program']}, {row['variant']} on {'x'.join(map(str, row['mesh']))}:"]
+    for col in ("default", "legacy", "designed", "optimum", "shardy", "gspmd"):
+        if col in row:
+            parts.append(f"{col} {cell(row[col])}")
+    if "error" in row:
+        parts.append("ERROR " + row["error"])
+    print("  " + "; ".join(parts), file=sys.stderr, flush=True)
+
+
+COLUMNS = [("default", "nvshard default"), ("legacy", "nvshard legacy"), ("designed", "designed"),
+           ("optimum", "optimum")]
+
+
+def render(rows, with_jax: bool) -> str:
+    cols = COLUMNS + ([("shardy", "Shardy"), ("gspmd", "GSPMD")] if with_jax else [])
+    head = "| program | mesh | " + " | ".join(t for _, t in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for row in rows:
+        cells = []
+        for key, _ in cols:
+            entry = row.get(key)
+            text = cell(entry)
+            if key == "optimum" and entry and "bytes" in entry:
+                if not entry.get("nested", True):
+                    text += " ‡"
+                if not entry.get("exact", True) and entry["lower_bound"] < entry["bytes"] - 0.5:
+                    text += f" ≥{entry['lower_bound'] / MiB:.2f}"
+            cells.append(text)
+        if "error" in row:
+            cells = [f"error: {row['error']}"] + [""] * (len(cols) - 1)
+        lines.append(f"| {row['program']}, {row['variant']} | {'x'.join(map(str, row['mesh']))} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def notes(rows, jax_bench) -> str:
+    out = ["Bytes received per device, MiB, by collective kind:"]
+    out += [f"  {k}: {v}" for k, v in FORMULAS.items()]
+    out.append("Sizes: triangle update f32 b=%(b)d n=%(n)d c=%(c)d; " % TRI
+               + "triangle attention f32 b=%(b)d n=%(n)d c_z=%(c)d c_hidden=%(c_hidden)d heads=%(heads)d; " % ATTN
+               + f"MLP f32 h={MLP_H} (4h={4 * MLP_H}), t={MLP_T['t<4h']} or {MLP_T['t>4h']}; "
+               + "transformer bf16 b=%(b)d s=%(s)d e=%(e)d heads=%(heads)d." % TF)
+    out.append("Meshes: triangle programs (dp, cp, cp) = z, y, x with z_in/mask b->z, i->y, j->x; MLP and "
+               "transformer 1-D tp=4 (x), or 2x2 = dp (y) x tp (x) with the batch/tokens on dp.")
+    out.append("† outputs sharded differently from nvshard default's.  ‡ 3-D mesh: optimum over layouts without "
+               "nested splits of one axis.  ≥L: not proven optimal (a tensor with more than 3 consumer ops: the search charged each consumer its own reshard); the optimum lies in [L, shown]; without a mark the value is proven optimal.")
+    out.append("The optimum pins the fusion outputs to nvshard default's shardings; 'designed' is the designed "
+               "annotation + nvshard default propagation.")
+    worse = []
+    for row in rows:
+        d = row.get("default")
+        if not d or "bytes" not in d:
+            continue
+        for key in ("legacy", "designed", "optimum"):
+            other = row.get(key)
+            if other and "bytes" in other and other["bytes"] < d["bytes"] - 0.5 and not other.get("output_differs"):
+                worse.append(f"  {row['program']}, {row['variant']} on {'x'.join(map(str, row['mesh']))}: "
+                             f"default {d['bytes'] / MiB:.2f} MiB > {key} {other['bytes'] / MiB:.2f} MiB")
+    if worse:
+        out.append("nvshard default moves more than:")
+        out += worse
+    else:
+        out.append("nvshard default is never worse than legacy, designed or the optimum.")
+    cheaper = [f"  {r['program']}, {r['variant']} on {'x'.join(map(str, r['mesh']))}: "
+               f"{r['optimum']['unbalanced']['bytes'] / MiB:.2f} MiB {cell(r['optimum']['unbalanced'])}"
+               for r in rows if "unbalanced" in r.get("optimum", {})
+               and r["optimum"]["unbalanced"]["bytes"] < r["optimum"]["bytes"] - 0.5]
+    if cheaper:
+        out.append("Without the balance constraint (linear/matmul/attention may run replicated), fewer bytes:")
+        out += cheaper
+    if any("verify" in r for r in rows):
+        bad = [f"  {r['program']}, {r['variant']} on {'x'.join(map(str, r['mesh']))}: {k} {v}"
+               for r in rows for k, v in r.get("verify", {}).items()
+               if not (v["bytes_ok"] and v["outputs_match_default"])]
+        out.append("Simulated runs: " + ("every plan's measured bytes equal its plan and outputs agree."
+                                         if not bad else "MISMATCHES:"))
+        out += bad
+    if jax_bench is None:
+        out.append("Shardy/GSPMD columns: not measured (needs tools/bench_jax.py and jax; ANCHORS.md has the "
+                    "triangle figures: outgoing 3.0/5.0 MiB, incoming 5.0/3.0 MiB by operand order, 2x2 mesh).")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
