@@ -95,7 +95,7 @@ def plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step
     steps = model.plans.get(key)
     if steps is None:
         steps = model.plans[key] = _plan_reshard(tv, src, dst, model)
-    return steps
+    return list(steps)  # the cached list stays untouched
 
 
 def _plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
