@@ -581,22 +581,7 @@ class Engine:
             for k, d in enumerate(self.decided[tv]):
                 if d is None:
                     self.decided[tv][k] = Decision((), self.level, 0, "nothing proposed: replicated")
-        # Tensors no sharding reached take a neighbour's mesh (e.g. uniform's
-        # output, replicated intermediates), like nvFuser's mesh back-propagation:
-        # the mesh most neighbours have, then the lowest device ids, all at once
-        # per round so the definition order of ops does not matter.
-        while True:
-            updates = {}
-            for tv in self.p.state:
-                if self.mesh[tv] is not None or tv in self.frozen:
-                    continue
-                meshes = [self.mesh[t] for e in self._adjacent.get(tv, []) for t in e.tv_inputs + e.tv_outputs
-                          if self.mesh[t] is not None]
-                if meshes:
-                    updates[tv] = min(set(meshes), key=lambda m: (-meshes.count(m), m.shape, m.vector))
-            if not updates:
-                break
-            self.mesh.update(updates)
+        self.p.fill_meshes(self.mesh, self.frozen)
         for tv in self.p.state:
             mesh = self.mesh[tv]
             layouts = [d.digits for d in self.decided[tv]]

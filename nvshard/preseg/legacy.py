@@ -93,12 +93,9 @@ class LegacyPropagation:
                 if inp in self.user or inp in self.p.inputs:
                     continue
                 self._copy(expr, ref, inp, "backward")
-        # meshes for tensors nothing reached, as nvFuser back-propagates meshes
-        for expr in reversed(self.p.exprs):
-            tvs = expr.tv_inputs + expr.tv_outputs
-            mesh = next((self.p.state[t].mesh for t in tvs if self.p.state[t].mesh is not None), None)
-            for t in tvs:
-                if self.p.state[t].mesh is None and t not in self.p.inputs and mesh is not None:
-                    self.p.state[t].mesh = mesh
+        mesh_of = {tv: state.mesh for tv, state in self.p.state.items()}
+        self.p.fill_meshes(mesh_of, self.user | set(self.p.inputs))
+        for tv, mesh in mesh_of.items():
+            self.p.state[tv].mesh = mesh
         for tv, state in self.p.state.items():
             self.p.state[tv] = TvState(state.mesh, list(state.layouts))

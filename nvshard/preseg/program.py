@@ -92,6 +92,25 @@ class Program:
     def rule(self, expr):
         return expr.rule(self.sizes)
 
+    def fill_meshes(self, mesh_of: dict, fixed) -> None:
+        """Give tensors no sharding reached (uniform's output, replicated
+        intermediates) a neighbour's mesh, as nvFuser back-propagates meshes:
+        the mesh most neighbours have, then the lowest device ids; all at once
+        per round, so the order ops were defined in does not matter. `fixed`
+        tensors (annotated, or inputs that live on every device) keep theirs."""
+        while True:
+            updates = {}
+            for tv in self.state:
+                if mesh_of[tv] is not None or tv in fixed:
+                    continue
+                exprs = self.consumers.get(tv, []) + ([self.producer[tv]] if tv in self.producer else [])
+                meshes = [mesh_of[t] for e in exprs for t in e.tv_inputs + e.tv_outputs if mesh_of[t] is not None]
+                if meshes:
+                    updates[tv] = min(set(meshes), key=lambda m: (-meshes.count(m), m.shape, m.vector))
+            if not updates:
+                return
+            mesh_of.update(updates)
+
     def position(self, expr: Expr) -> int:
         """Index of a user expr in the definition (stable across passes)."""
         if not hasattr(self, "_positions"):
