@@ -75,6 +75,7 @@ class FusionDefinition:
         if exc_type is None:
             from ..preseg.validate import validate_annotations
 
+            self._fusion.resolve_static_extents()
             validate_annotations(self._fusion)
         return False
 

@@ -475,6 +475,7 @@ class Fusion:
         self._inputs: list[Val] = []
         self._outputs: list[Val] = []
         self.exprs: list[Expr] = []
+        self.runtime_syms: list = []  # extents computed from other extents at run time
         self._tv_counter = 0
         self._id_counter = 0
         self._sym_counter = 0
@@ -553,6 +554,26 @@ class Fusion:
             ids.append(id_)
         return ids
 
+    def resolve_static_extents(self) -> None:
+        """Bind run-time extents (a cat's total, a reshape's -1, a slice's
+        length) that later unifications made static, so the plan does not
+        depend on which op was defined first."""
+        from .sizes import bind_static
+
+        evaluator = _StaticSizes()
+        changed = True
+        while changed:
+            changed = False
+            for sym in self.runtime_syms:
+                if sym.static_value is not None:
+                    continue
+                try:
+                    value = int(sym.definition(evaluator))
+                except _NotStatic:
+                    continue
+                bind_static(sym, value)
+                changed = True
+
     def tvs(self) -> list[TensorView]:
         seen: dict = {}  # insertion-ordered set
         for v in self._inputs:
@@ -566,3 +587,30 @@ class Fusion:
 
 
 _PARALLEL_TYPE_OF_AXIS = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
+
+
+class _NotStatic(Exception):
+    pass
+
+
+class _StaticSizes:
+    """Answers size queries with static extents only (see resolve_static_extents)."""
+
+    def evaluate_size(self, size) -> int:
+        value = size.value
+        if value is None:
+            raise _NotStatic
+        return value
+
+    def global_extent(self, tv, axis: int) -> int:
+        id_ = tv.logical[tv.non_reduction_axes()[axis]]
+        return self.evaluate_size(id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent())
+
+    def scalar(self, value):
+        if isinstance(value, Scalar):
+            if value.extent_size is not None and value.extent_size.value is not None:
+                return value.extent_size.value
+            if value.is_const():
+                return value.value
+            raise _NotStatic
+        return value

@@ -225,6 +225,11 @@ def unify(a: Size, b: Size, what: str = "extents") -> None:
     # a mismatch.
 
 
+def bind_static(sym: Sym, value: int) -> None:
+    """Record that a symbol is this static extent."""
+    _bind_static(sym, Size(value), "extents")
+
+
 def _bind_static(sym: Sym, value: Size, what: str) -> None:
     root = sym.find()
     v = value.value

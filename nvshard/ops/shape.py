@@ -27,8 +27,12 @@ def _size_of(fusion, entry, op: str) -> Size:
 
 
 def _runtime_sym(fusion, compute) -> Size:
-    """An extent known only at run time; `compute(ctx)` evaluates it."""
-    return Size.of(Sym(fusion.new_symbol_name(), definition=compute))
+    """An extent known only at run time; `compute(ctx)` evaluates it. Once
+    the definition is complete it may turn out static (see
+    Fusion.resolve_static_extents)."""
+    sym = Sym(fusion.new_symbol_name(), definition=compute)
+    fusion.runtime_syms.append(sym)
+    return Size.of(sym)
 
 
 def _shape_operands(entries) -> list:

@@ -120,12 +120,9 @@ def mesh_key(mesh):
 def layout_key(plan, digits, mesh) -> tuple:
     """A layout with its local blocks as ints (concrete plans), or just its
     mesh axes in order (symbolic plans: block sizes are expressions whose
-    symbol names depend on definition order). Symbolic plans leave out mesh
-    axes of one device, which shard nothing: where nvshard puts them depends
-    on symbol numbering (/tmp/nvshard_repros/prop_9.py,
-    test_regressions.test_symbolic_plan_independent_of_definition_order)."""
+    symbol names depend on definition order)."""
     if plan.sizes is None:
-        return tuple(m for m in layout.mesh_axes_of(digits) if mesh.axis_size(m) > 1)
+        return tuple(layout.mesh_axes_of(digits))
     return normalize(digits, plan.sizes.evaluate_size)
 
 

@@ -1,10 +1,8 @@
 """Counterexamples the property tests found, as small explicit fusions.
 
-Tests marked xfail(strict=True) are open nvshard bugs (a standalone repro of
-each is in /tmp/nvshard_repros/); once one is fixed its test XPASSes, which
-fails the run: drop the marker then, as for the tests below whose docstring
-starts "Fixed in". The property tests assume open bugs' patterns away (see
-the comments there) so that other bugs keep surfacing.
+Each was an nvshard bug (crash, wrong plan, or a plan depending on the
+order ops were defined in); the docstrings say what broke. A new open bug
+goes here as xfail(strict=True) until it is fixed.
 """
 
 from __future__ import annotations
@@ -239,10 +237,11 @@ def _unify_before_or_after(unify_first: bool):
     return fd, t7
 
 
-@pytest.mark.xfail(strict=True, reason="determinism of the symbolic plan: the DIDz digit (one device) of a cat axis "
-                                       "lands on reshape axis 3 or 2 depending on whether the op unifying the "
-                                       "symbolic extents is defined before or after (and on symbol numbering)")
 def test_symbolic_plan_independent_of_definition_order():
+    # The DIDz digit (one device) of a cat axis landed on reshape axis 3 or 2
+    # depending on whether the op unifying the symbolic extents was defined
+    # before or after: the cat's total and the reshape's -1 are now resolved
+    # once the definition is complete (Fusion.resolve_static_extents).
     # /tmp/nvshard_repros/prop_9.py
     (fa, ra), (fb, rb) = _unify_before_or_after(True), _unify_before_or_after(False)
     pa, pb = nvfuser.propagate_shardings(fa), nvfuser.propagate_shardings(fb)
