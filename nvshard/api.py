@@ -61,14 +61,9 @@ def assemble(plan, tv: TensorView, shards: dict) -> torch.Tensor:
     full = torch.zeros(shape, dtype=some.dtype, device=some.device)
     flat_index = torch.arange(full.numel()).reshape(shape)
     sizes = state.mesh.axis_sizes()
+    layouts = [state.layouts[k] for k in tv.non_reduction_axes()]
     for rank in state.mesh.vector:
-        idx = flat_index
-        coords = state.mesh.coords(rank)
-        for d, k in enumerate(tv.non_reduction_axes()):
-            digits = state.layouts[k]
-            if digits:
-                segs = layout.segments(digits, shape[d], sizes, plan.sizes.bindings)
-                idx = layout.take_local(idx, d, segs, coords)
+        idx = layout.take_block(flat_index, layouts, sizes, state.mesh.coords(rank), plan.sizes.bindings)
         full.view(-1)[idx.reshape(-1)] = shards[rank].reshape(-1).to(full.dtype)
     return full
 
@@ -80,14 +75,8 @@ def shard_by_plan(plan, tv: TensorView, full: torch.Tensor, rank: int) -> torch.
         return full
     if not state.mesh.has(rank):
         return full.new_empty(0)
-    sizes = state.mesh.axis_sizes()
-    coords = state.mesh.coords(rank)
-    for d, k in enumerate(tv.non_reduction_axes()):
-        digits = state.layouts[k]
-        if digits:
-            segs = layout.segments(digits, full.shape[d], sizes, plan.sizes.bindings)
-            full = layout.take_local(full, d, segs, coords)
-    return full
+    layouts = [state.layouts[k] for k in tv.non_reduction_axes()]
+    return layout.take_block(full, layouts, state.mesh.axis_sizes(), state.mesh.coords(rank), plan.sizes.bindings)
 
 
 def simulate(fd, inputs: list, world_size: Optional[int] = None, propagation: Optional[str] = None,

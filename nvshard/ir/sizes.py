@@ -205,6 +205,18 @@ class Size:
         return f"Size({self})"
 
 
+def whole_quotient(a: Size, b: Size):
+    """a / b when it is a whole extent, else None. Symbols are assumed to
+    divide (checked once sizes are concrete)."""
+    q = a.divided_by(b)
+    if q is None:
+        return None
+    c = q.canonical()
+    if not c.syms and c.coef.denominator != 1:
+        return None
+    return q
+
+
 def unify(a: Size, b: Size, what: str = "extents") -> None:
     """Record that two extents are equal (operands of one pointwise op)."""
     ca, cb = a.canonical(), b.canonical()

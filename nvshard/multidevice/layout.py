@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir.sizes import Size
+from ..ir.sizes import Size, whole_quotient
 
 MESH_AXES = ("x", "y", "z")
 
@@ -140,18 +140,6 @@ def local_numel_divisor(digits: AxisSharding, mesh_sizes: dict) -> int:
 # -- layouts of axes made of several factors (reshapes) ----------------------
 
 
-def _whole_quotient(a: Size, b: Size):
-    """a / b when it is a whole extent (symbols are assumed divisible; checked
-    when sizes are concrete)."""
-    q = a.divided_by(b)
-    if q is None:
-        return None
-    c = q.canonical()
-    if not c.syms and c.coef.denominator != 1:
-        return None
-    return q
-
-
 def split_layout(digits: AxisSharding, extents: Sequence[Size], mesh_sizes: dict):
     """Distribute an axis layout over the factors the axis is made of (outer
     first). None when a mesh digit would straddle two factors, e.g. DIDx with
@@ -173,7 +161,7 @@ def split_layout(digits: AxisSharding, extents: Sequence[Size], mesh_sizes: dict
     for d in digits:
         if isinstance(d, str):
             advance()
-            q = _whole_quotient(rem, Size(mesh_sizes[d]))
+            q = whole_quotient(rem, Size(mesh_sizes[d]))
             if q is None:
                 return None
             out[fi].append(d)
@@ -185,12 +173,12 @@ def split_layout(digits: AxisSharding, extents: Sequence[Size], mesh_sizes: dict
             if s == rem:
                 out[fi].append(s)
                 s, rem = Size(1), Size(1)
-            elif not rem == 1 and _whole_quotient(s, rem) is not None:
+            elif not rem == 1 and whole_quotient(s, rem) is not None:
                 out[fi].append(rem)
-                s, rem = _whole_quotient(s, rem), Size(1)
-            elif _whole_quotient(rem, s) is not None:
+                s, rem = whole_quotient(s, rem), Size(1)
+            elif whole_quotient(rem, s) is not None:
                 out[fi].append(s)
-                rem, s = _whole_quotient(rem, s), Size(1)
+                rem, s = whole_quotient(rem, s), Size(1)
             else:
                 return None
     return [normalize(o) for o in out]
@@ -224,6 +212,15 @@ def take_local(full: torch.Tensor, axis: int, segs: list, coords: dict) -> torch
         if name is None:
             local *= s
     return t.reshape(shape[:axis] + [local] + shape[axis + 1 :])
+
+
+def take_block(t: torch.Tensor, layouts: list, mesh_sizes: dict, coords: dict, bindings=None) -> torch.Tensor:
+    """The device's block of a global tensor whose dim d is laid out as
+    layouts[d] (() or None: kept whole)."""
+    for d, digits in enumerate(layouts):
+        if digits:
+            t = take_local(t, d, segments(digits, t.shape[d], mesh_sizes, bindings), coords)
+    return t
 
 
 def _position_among_locals(segs: list, mesh_axis: str) -> int:

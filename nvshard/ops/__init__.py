@@ -1,4 +1,4 @@
 """Op definitions. Importing this package registers every op."""
 
 from . import attention, matmul, pointwise, random, reduction, shape  # noqa: F401
-from .registry import FRONTEND, OPS, FactorKind, OpSpec, ShardingRule, Stage  # noqa: F401
+from .registry import FRONTEND, OPS, FactorKind, OpSpec, ShardingRule  # noqa: F401

@@ -19,7 +19,7 @@ from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, TensorView
 from ..ir.sizes import Size, unify
 from . import common
-from .registry import FactorKind, OpSpec, ShardingRule, Stage, frontend, register
+from .registry import FactorKind, OpSpec, ShardingRule, frontend, register
 
 
 def _scalar_arg(fusion, value, name):
@@ -60,7 +60,7 @@ def _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, global_ro
 
 class SdpaFwdOp(OpSpec):
     def __init__(self):
-        super().__init__("sdpfa_fwd", Stage.CONTRACTION)
+        super().__init__("sdpfa_fwd")
 
     def define(self, query, key, value, bias=None, mask=None, dropout_p=None, is_causal=None, scale=None):
         fusion = common.current_fusion(query, key, value)
@@ -170,7 +170,7 @@ class SdpaFwdOp(OpSpec):
 
 class SdpaBwdOp(OpSpec):
     def __init__(self):
-        super().__init__("sdpfa_bwd", Stage.CONTRACTION)
+        super().__init__("sdpfa_bwd")
 
     def define(self, grad_output, query, key, value, output, logsumexp, dropout_p, is_causal,
                philox_seed, philox_offset, scale):

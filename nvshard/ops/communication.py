@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..multidevice import layout
-from .registry import OpSpec, Stage, register
+from .registry import OpSpec, register
 
 _PRINTED = {
     "slice": "Slice",
@@ -58,7 +58,7 @@ class CommunicationOp(OpSpec):
     is_communication = True
 
     def __init__(self, kind: str):
-        super().__init__(kind, Stage.COMMUNICATION)
+        super().__init__(kind)
         self.kind = kind
 
     def format(self, expr) -> str:

@@ -13,7 +13,7 @@ from ..ir.dtypes import DataType
 from ..ir.nodes import IterType, NvShardError
 from ..ir.sizes import unify
 from . import common
-from .registry import FactorKind, OpSpec, ShardingRule, Stage, frontend, register
+from .registry import FactorKind, OpSpec, ShardingRule, frontend, register
 
 
 def _unify_k(a_id, b_id, op, a, b):
@@ -44,7 +44,7 @@ def _compute(args, out_dtype: DataType):
 
 class LinearOp(OpSpec):
     def __init__(self):
-        super().__init__("linear", Stage.CONTRACTION)
+        super().__init__("linear")
 
     def define(self, arg1, arg2, bias=None):
         fusion = common.current_fusion(arg1, arg2)
@@ -130,7 +130,7 @@ class MatmulOp(OpSpec):
     """torch.matmul semantics, batch axes broadcast right-aligned."""
 
     def __init__(self):
-        super().__init__("matmul", Stage.CONTRACTION)
+        super().__init__("matmul")
 
     def define(self, arg1, arg2):
         fusion = common.current_fusion(arg1, arg2)
@@ -229,7 +229,7 @@ class GroupedMmOp(OpSpec):
     cumulative row counts. Rows and groups must stay whole on each device."""
 
     def __init__(self):
-        super().__init__("grouped_mm", Stage.CONTRACTION)
+        super().__init__("grouped_mm")
 
     def define(self, mat1, mat2, offsets):
         fusion = common.current_fusion(mat1, mat2, offsets)

@@ -14,7 +14,7 @@ from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar, TensorView
 from ..ir.sizes import Size
 from . import common
-from .registry import OpSpec, Stage, frontend, register
+from .registry import OpSpec, frontend, register
 
 
 def _scalar_result(fusion, spec, operands, dtype):
@@ -53,7 +53,7 @@ def _finish(result, out, args, ctx=None):
 
 class UnaryOp(OpSpec):
     def __init__(self, name, fn, printed, float_result: bool, inline: bool = False):
-        super().__init__(name, Stage.PASS_THROUGH)
+        super().__init__(name)
         self.fn = fn
         self.printed = printed
         self.float_result = float_result
@@ -109,7 +109,7 @@ for _name, _fn, _printed, _float, _inline in _UNARY:
 
 class CastOp(OpSpec):
     def __init__(self):
-        super().__init__("cast", Stage.PASS_THROUGH)
+        super().__init__("cast")
 
     def define(self, arg, dtype):
         if not isinstance(dtype, DataType) or dtype is DataType.Null:
@@ -141,7 +141,7 @@ class SetOp(OpSpec):
     allocation order, which sharding ignores."""
 
     def __init__(self, name):
-        super().__init__(name, Stage.PASS_THROUGH)
+        super().__init__(name)
 
     def define(self, arg, stride_order=None):
         fusion = common.current_fusion(arg)
@@ -187,7 +187,7 @@ frontend("stride_order")(lambda arg, stride_order: _stride_order.define(arg, str
 
 class BinaryOp(OpSpec):
     def __init__(self, name, fn, printed, inline: bool, bool_result: bool = False):
-        super().__init__(name, Stage.PASS_THROUGH)
+        super().__init__(name)
         self.fn = fn
         self.printed = printed
         self.inline = inline
@@ -249,7 +249,7 @@ for _name, _fn, _printed, _inline, _bool in _BINARY:
 
 class WhereOp(OpSpec):
     def __init__(self):
-        super().__init__("where", Stage.PASS_THROUGH)
+        super().__init__("where")
 
     def define(self, pred, value_if_true, value_if_false):
         fusion = common.current_fusion(pred, value_if_true, value_if_false)

@@ -10,13 +10,13 @@ from ..ir.dtypes import DataType
 from ..ir.nodes import IterType, NvShardError
 from ..ir.sizes import Size
 from . import common
-from .registry import OpSpec, ShardingRule, Stage, frontend, register
+from .registry import OpSpec, ShardingRule, frontend, register
 from .shape import _size_of
 
 
 class UniformOp(OpSpec):
     def __init__(self):
-        super().__init__("uniform", Stage.PASS_THROUGH)
+        super().__init__("uniform")
 
     def define(self, minval, maxval, shape, *, rng_seed=None, rng_offset=None, dtype=DataType.Float):
         fusion = common.current_fusion(minval, maxval, list(shape), rng_seed, rng_offset)

@@ -13,7 +13,7 @@ import torch
 from ..ir.dtypes import DataType
 from ..ir.nodes import IterType, NvShardError
 from . import common
-from .registry import FactorKind, OpSpec, ShardingRule, Stage, frontend, register
+from .registry import FactorKind, OpSpec, ShardingRule, frontend, register
 from .shape import _broadcast
 
 
@@ -66,7 +66,7 @@ def _rule(expr, reduced_kind: FactorKind) -> ShardingRule:
 
 class SumOp(OpSpec):
     def __init__(self):
-        super().__init__("sum", Stage.CONTRACTION)
+        super().__init__("sum")
 
     def define(self, arg, dims=None, keepdim=False, dtype=DataType.Null, *, dim=None, keep_dim=None):
         fusion = common.current_fusion(arg)
@@ -108,7 +108,7 @@ class SumOp(OpSpec):
 
 class VarMeanOp(OpSpec):
     def __init__(self):
-        super().__init__("var_mean", Stage.CONTRACTION)
+        super().__init__("var_mean")
 
     def define(self, arg, dims, correction=1, keepdim=False):
         fusion = common.current_fusion(arg)

@@ -26,15 +26,6 @@ from typing import Callable, Optional
 from ..ir.sizes import Size
 
 
-class Stage(enum.IntEnum):
-    """Op classes in the order propagation prefers to cross them."""
-
-    PASS_THROUGH = 1
-    CONTRACTION = 2
-    RESHAPE = 3
-    COMMUNICATION = 4
-
-
 class FactorKind(enum.Enum):
     PASS = "pass"
     SUM = "sum"
@@ -84,14 +75,11 @@ class OpSpec:
     """An op kind. Subclasses or instances fill in the hooks below."""
 
     name: str = "?"
-    stage: Stage = Stage.PASS_THROUGH
     is_communication = False
     rule_needs_sizes = False  # rule(expr, sizes) when concrete sizes change the rule
 
-    def __init__(self, name: str, stage: Stage = Stage.PASS_THROUGH, *, rule=None, evaluate=None,
-                 format=None, legacy_reference_order=None):
+    def __init__(self, name: str, *, rule=None, evaluate=None, format=None, legacy_reference_order=None):
         self.name = name
-        self.stage = stage
         if rule is not None:
             self.rule = rule
         if evaluate is not None:

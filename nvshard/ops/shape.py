@@ -9,9 +9,9 @@ import torch
 
 from ..ir.dtypes import DataType
 from ..ir.nodes import IterType, NvShardError, Scalar, TensorView
-from ..ir.sizes import Size, Sym, unify
+from ..ir.sizes import Size, Sym, unify, whole_quotient
 from . import common
-from .registry import FactorKind, OpSpec, ShardingRule, Stage, frontend, register
+from .registry import FactorKind, OpSpec, ShardingRule, frontend, register
 
 
 def _size_of(fusion, entry, op: str) -> Size:
@@ -47,7 +47,7 @@ class BroadcastOp(OpSpec):
     of extent 1 have none, expanded axes are result-only factors."""
 
     def __init__(self, name):
-        super().__init__(name, Stage.PASS_THROUGH)
+        super().__init__(name)
 
     def define_flags(self, arg, is_broadcast_dim):
         fusion = common.current_fusion(arg)
@@ -158,7 +158,7 @@ frontend("broadcast_in_dim")(
 
 class SqueezeOp(OpSpec):
     def __init__(self):
-        super().__init__("squeeze", Stage.PASS_THROUGH)
+        super().__init__("squeeze")
 
     def define(self, arg, dims, squeeze_expanded=False):
         fusion = common.current_fusion(arg)
@@ -228,7 +228,7 @@ class SqueezeOp(OpSpec):
 
 class PermuteOp(OpSpec):
     def __init__(self):
-        super().__init__("permute", Stage.PASS_THROUGH)
+        super().__init__("permute")
 
     def define(self, arg, dims):
         fusion = common.current_fusion(arg)
@@ -272,17 +272,6 @@ frontend("permute")(_permute.define)
 # -- reshape ------------------------------------------------------------------------
 
 
-def _integral_quotient(a: Size, b: Size):
-    """a / b when that is a whole extent (symbols assumed divisible)."""
-    q = a.divided_by(b)
-    if q is None:
-        return None
-    c = q.canonical()
-    if not c.syms and c.coef.denominator != 1:
-        return None
-    return q
-
-
 def reshape_groups(in_sizes: list, out_sizes: list):
     """Pair runs of input and output axes with equal products.
 
@@ -308,11 +297,11 @@ def reshape_groups(in_sizes: list, out_sizes: list):
         i += 1
         j += 1
         while not pa == pb:
-            if _integral_quotient(pb, pa) is not None and i < n:
+            if whole_quotient(pb, pa) is not None and i < n:
                 pa = pa * in_sizes[i]
                 gi.append(i)
                 i += 1
-            elif _integral_quotient(pa, pb) is not None and j < m:
+            elif whole_quotient(pa, pb) is not None and j < m:
                 pb = pb * out_sizes[j]
                 gj.append(j)
                 j += 1
@@ -353,21 +342,21 @@ def _refine(in_sizes: list, out_sizes: list):
     for p in points:
         placed = False
         for k, q in enumerate(chain):
-            if _integral_quotient(q, p) is not None:
+            if whole_quotient(q, p) is not None:
                 chain.insert(k, p)
                 placed = True
                 break
-            if _integral_quotient(p, q) is None:
+            if whole_quotient(p, q) is None:
                 return None
         if not placed:
             chain.append(p)
     for a, b in zip(chain, chain[1:]):
-        if _integral_quotient(b, a) is None:
+        if whole_quotient(b, a) is None:
             return None
     factor_sizes = []
     prev = Size(1)
     for p in chain:
-        factor_sizes.append(_integral_quotient(p, prev))
+        factor_sizes.append(whole_quotient(p, prev))
         prev = p
 
     def axes_of(sizes):
@@ -389,7 +378,7 @@ def _refine(in_sizes: list, out_sizes: list):
 
 class ReshapeOp(OpSpec):
     def __init__(self):
-        super().__init__("reshape", Stage.RESHAPE)
+        super().__init__("reshape")
 
     def define(self, arg, new_shape):
         fusion = common.current_fusion(arg)
@@ -417,7 +406,7 @@ class ReshapeOp(OpSpec):
             for s in sizes:
                 if s is not None:
                     known = known * s
-            inferred = _integral_quotient(total, known)
+            inferred = whole_quotient(total, known)
             if inferred is None:
                 inferred = _runtime_sym(fusion, _inferred_extent(arg, tuple(sizes), infer[0]))
             sizes[infer[0]] = inferred
@@ -514,7 +503,7 @@ class SliceOp(OpSpec):
     rule_needs_sizes = True  # whether a range is the whole axis can depend on the sizes
 
     def __init__(self):
-        super().__init__("slice", Stage.RESHAPE)
+        super().__init__("slice")
 
     def define(self, arg, start_indices, end_indices, strides=None, manual_normalization=False):
         fusion = common.current_fusion(arg)
@@ -646,7 +635,7 @@ def _slice_frontend(arg, start_indices, end_indices, strides=None, manual_normal
 
 class CatOp(OpSpec):
     def __init__(self):
-        super().__init__("cat", Stage.RESHAPE)
+        super().__init__("cat")
 
     def define(self, tensors, dim=0, manual_padding=False):
         tensors = list(tensors)
@@ -726,7 +715,7 @@ class SizeOp(OpSpec):
     """The GLOBAL extent of an axis (what nvFuser's fd.ops.size returns)."""
 
     def __init__(self):
-        super().__init__("size", Stage.PASS_THROUGH)
+        super().__init__("size")
 
     def define(self, arg, dim):
         fusion = common.current_fusion(arg)

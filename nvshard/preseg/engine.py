@@ -31,6 +31,7 @@ a neighbour. Every decision is logged with its source, priority and stage.
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import heapq
@@ -40,7 +41,7 @@ from typing import NamedTuple, Optional
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
-from ..ops.registry import FactorKind, Stage
+from ..ops.registry import FactorKind
 from . import compute_sharding as cs
 from .cost import Cost, CostModel
 from .log import DecisionLog
@@ -600,6 +601,14 @@ def _direction(src_role: str, dst_role: str) -> str:
     if src_role == "result" and dst_role == "operand":
         return "backward"
     return "sideways"
+
+
+class Stage(enum.IntEnum):
+    """Easy proposals apply a stage at a time, by the factor they cross."""
+
+    PASS_THROUGH = 1
+    CONTRACTION = 2
+    RESHAPE = 3
 
 
 def _crossing_stage(kind: FactorKind, compound: bool) -> int:

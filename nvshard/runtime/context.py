@@ -76,17 +76,9 @@ class EvalContext:
         state = self._state(out)
         if state.mesh is None:
             return t
-        sizes = state.mesh.axis_sizes()
-        coords = state.mesh.coords(self.rank)
         axes = out.non_reduction_axes()
-        for d, a in enumerate(dims):
-            if a is None:
-                continue
-            digits = state.layouts[axes[a]]
-            if digits:
-                segs = layout.segments(digits, t.shape[d], sizes, self.sizes.bindings)
-                t = layout.take_local(t, d, segs, coords)
-        return t
+        layouts = [None if a is None else state.layouts[axes[a]] for a in dims]
+        return layout.take_block(t, layouts, state.mesh.axis_sizes(), state.mesh.coords(self.rank), self.sizes.bindings)
 
     def global_extent(self, tv, axis: int) -> int:
         return self.sizes.global_extent(tv, axis)
@@ -113,20 +105,8 @@ class EvalContext:
 
 
 def localize_result_only(ctx: EvalContext, expr, i: int, t: torch.Tensor) -> torch.Tensor:
+    """Keep this device's block of result-only axes the op computed whole."""
     flags = result_only_axes(expr, ctx.program.rule(expr), i)
     if not any(flags):
         return t
-    out = expr.tv_outputs[i]
-    state = ctx.program.state[out]
-    if state.mesh is None:
-        return t
-    sizes = state.mesh.axis_sizes()
-    coords = state.mesh.coords(ctx.rank)
-    axes = out.non_reduction_axes()
-    for d, ro in enumerate(flags):
-        digits = state.layouts[axes[d]]
-        if ro and digits:
-            segs = layout.segments(digits, t.shape[d], sizes, ctx.sizes.bindings)
-            t = layout.take_local(t, d, segs, coords)
-    return t
-
+    return ctx.localize(i, t, [d if ro else None for d, ro in enumerate(flags)])
