@@ -10,7 +10,6 @@ loop domain as a layout per logical axis (see multidevice/layout.py).
 from __future__ import annotations
 
 import enum
-import weakref
 from typing import Optional
 
 from ..multidevice import layout
@@ -456,11 +455,13 @@ class Expr:
             if self._rule is None:
                 self._rule = self.op.rule(self)
             return self._rule
+        # keyed by the sizes the rule looks at, so plans for the same shapes share it
+        key = self.op.rule_sizes_key(self, sizes)
         if self._sized_rules is None:
-            self._sized_rules = weakref.WeakKeyDictionary()
-        if sizes not in self._sized_rules:
-            self._sized_rules[sizes] = self.op.rule(self, sizes)
-        return self._sized_rules[sizes]
+            self._sized_rules = {}
+        if key not in self._sized_rules:
+            self._sized_rules[key] = self.op.rule(self, sizes)
+        return self._sized_rules[key]
 
     def __str__(self) -> str:
         return self.op.format(self)

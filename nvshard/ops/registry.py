@@ -44,6 +44,7 @@ class ShardingRule:
     factors: list[Factor] = field(default_factory=list)
     operands: list[list[tuple]] = field(default_factory=list)  # per TensorView input
     results: list[list[tuple]] = field(default_factory=list)  # per TensorView output
+    cache: dict = field(default_factory=dict, repr=False, compare=False)  # what passes derive from it
 
     def add_factor(self, name: str, extent, kind: FactorKind = FactorKind.PASS) -> int:
         self.factors.append(Factor(name, Size.of(extent), kind))
@@ -97,6 +98,10 @@ class OpSpec:
 
     def format(self, expr) -> str:
         raise NotImplementedError(self.name)
+
+    def rule_sizes_key(self, expr, sizes):
+        """For rule_needs_sizes ops: what of `sizes` the rule depends on."""
+        return tuple(tuple(sizes.global_shape(t)) for t in expr.tv_inputs + expr.tv_outputs)
 
     def check_sizes(self, expr, sizes) -> None:
         """Checks only concrete sizes allow (e.g. a reshape's element count);

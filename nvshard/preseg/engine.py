@@ -119,7 +119,6 @@ class Engine:
         self._conflict_heap: list = []
         self._heap_counter = 0
         self._adjacent = {tv: self._exprs_of(tv) for tv in program.state}
-        self._entry_cache: dict = {}
         self._used_cache: dict = {}
         self.depth, self.canon = _structure(program)
         self._seed()
@@ -146,7 +145,7 @@ class Engine:
                 self.decided[tv] = decided
                 self.mesh[tv] = tv.mesh
                 self.frozen.add(tv)
-            elif tv in self.p.inputs:
+            elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
                 self.decided[tv] = [Decision((), 0, 0, "unannotated input") for _ in range(n)]
                 self.mesh[tv] = None
@@ -258,12 +257,13 @@ class Engine:
         return used
 
     def _entries(self, expr) -> list:
-        """Every tensor axis of expr that maps to factors (fixed structure, cached)."""
-        try:
-            return self._entry_cache[expr]
-        except KeyError:
-            entries = self._entry_cache[expr] = self._build_entries(expr)
-            return entries
+        """Every tensor axis of expr that maps to factors (fixed structure,
+        cached with the rule, so later plans of the fusion reuse it)."""
+        rule = self.p.rule(expr)
+        entries = rule.cache.get("engine_entries")
+        if entries is None:
+            entries = rule.cache["engine_entries"] = self._build_entries(expr)
+        return entries
 
     def _build_entries(self, expr) -> list:
         rule = self.p.rule(expr)
@@ -656,10 +656,10 @@ def _structure(program: Program):
     """Depth from the inputs and a structural key per tensor: orders conflicts
     independently of the order ops were defined in."""
     depth, canon = {}, {}
-    for tv in program.inputs:
+    for position, tv in enumerate(program.inputs):
         if isinstance(tv, TensorView):
             depth[tv] = 0
-            canon[tv] = f"in{program.inputs.index(tv)}"
+            canon[tv] = f"in{position}"
     for e in program.exprs:
         ins = [t for t in e.tv_inputs]
         d = 1 + max((depth.get(t, 0) for t in ins), default=0)

@@ -90,11 +90,11 @@ class LegacyPropagation:
                 continue
             ref = sorted(expr.tv_outputs, key=lambda t: -self._num_device_axes(t))[0]
             for inp in expr.tv_inputs:
-                if inp in self.user or inp in self.p.inputs:
+                if inp in self.user or inp in self.p.input_set:
                     continue
                 self._copy(expr, ref, inp, "backward")
         mesh_of = {tv: state.mesh for tv, state in self.p.state.items()}
-        self.p.fill_meshes(mesh_of, self.user | set(self.p.inputs))
+        self.p.fill_meshes(mesh_of, self.user | self.p.input_set)
         for tv, mesh in mesh_of.items():
             self.p.state[tv].mesh = mesh
         for tv, state in self.p.state.items():

@@ -61,6 +61,7 @@ class Program:
         self.sizes = sizes  # concrete sizes (a SizeEvaluator) or None
         self.exprs: list[Expr] = list(fusion.exprs)
         self.inputs = fusion.inputs()
+        self.input_set = set(self.inputs)
         self.outputs = fusion.outputs()
         self.state: dict[TensorView, TvState] = {}
         for tv in fusion.tvs():
@@ -98,11 +99,10 @@ class Program:
         the mesh most neighbours have, then the lowest device ids; all at once
         per round, so the order ops were defined in does not matter. `fixed`
         tensors (annotated, or inputs that live on every device) keep theirs."""
-        while True:
+        open_tvs = [tv for tv in self.state if mesh_of[tv] is None and tv not in fixed]
+        while open_tvs:
             updates = {}
-            for tv in self.state:
-                if mesh_of[tv] is not None or tv in fixed:
-                    continue
+            for tv in open_tvs:
                 exprs = self.consumers.get(tv, []) + ([self.producer[tv]] if tv in self.producer else [])
                 meshes = [mesh_of[t] for e in exprs for t in e.tv_inputs + e.tv_outputs if mesh_of[t] is not None]
                 if meshes:
@@ -110,6 +110,7 @@ class Program:
             if not updates:
                 return
             mesh_of.update(updates)
+            open_tvs = [tv for tv in open_tvs if tv not in updates]
 
     def position(self, expr: Expr) -> int:
         """Index of a user expr in the definition (stable across passes)."""
