@@ -40,6 +40,7 @@ class DeviceMesh:
         self._flat = flat
         self._coords = {dev: idx for dev, idx in zip(flat, itertools.product(*[range(s) for s in tensor.shape]))}
         self._shape = tuple(int(s) for s in tensor.shape)
+        self._groups: dict = {}
         self._hash = hash((self._shape, tuple(flat)))
         names = layout.MESH_AXES[: tensor.dim()][::-1]
         self._sizes = {name: int(tensor.shape[i]) for i, name in enumerate(names)}  # read-only
@@ -113,12 +114,15 @@ class DeviceMesh:
         return group
 
     def groups(self, name: str) -> list[list[int]]:
-        seen = []
-        for dev in self._flat:
-            g = self.group(dev, name)
-            if g not in seen:
-                seen.append(g)
-        return seen
+        """The groups of devices that differ only along mesh axis `name`."""
+        if name not in self._groups:
+            seen = []
+            for dev in self._flat:
+                g = self.group(dev, name)
+                if g not in seen:
+                    seen.append(g)
+            self._groups[name] = seen
+        return [list(g) for g in self._groups[name]]
 
     # -- identity ----------------------------------------------------------------
     def __eq__(self, other) -> bool:
