@@ -68,7 +68,6 @@ from typing import Optional
 
 import numpy as np
 
-from nvshard.ir.nodes import TensorView
 from nvshard.multidevice import layout
 from nvshard.ir.sizes import Size
 from nvshard.preseg import compute_sharding as cs

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .. import ops as _ops
 from ..ir.dtypes import DataType
-from ..ir.nodes import Fusion, IterType, NvShardError, Scalar, TensorView
+from ..ir.nodes import Fusion, IterType, NvShardError, Scalar
 from ..ir.sizes import Size, Sym
 from ..ops import common
 

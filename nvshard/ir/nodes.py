@@ -304,19 +304,6 @@ class TensorView(Val):
             result.append(layout.normalize(digits))
         return result
 
-    def set_layouts(self, layouts: list, mesh) -> None:
-        """Rebuild the loop domain from per-axis layouts (used by passes)."""
-        self.mesh = mesh
-        loop = []
-        for axis, id_ in enumerate(self.logical):
-            digits = layouts[axis]
-            if not digits:
-                id_.parallel_type = ParallelType.Serial
-                loop.append(id_)
-            else:
-                loop.extend(self.fusion.ids_for_layout(self, id_, digits, mesh))
-        self.loop = loop
-
     def _split(self, axis: int, factor, inner: bool) -> None:
         n = len(self.loop)
         if not -n <= axis < n:
@@ -539,22 +526,6 @@ class Fusion:
             raise NvShardError(f"{val.short_name()} belongs to another fusion")
         self._outputs.append(val)
 
-    def ids_for_layout(self, tv: TensorView, logical_id: IterDomain, digits, mesh) -> list[IterDomain]:
-        """Loop ids laying out one logical axis as `digits`, outermost first."""
-        ids = []
-        for position, digit in enumerate(digits):
-            if isinstance(digit, str):
-                extent = Size(mesh.axis_size(digit))
-            else:
-                extent = digit
-            id_ = IterDomain(self.next_id_number(), extent, logical_id.iter_type, None,
-                             logical_id.logical_axis, (position,), not isinstance(digit, str))
-            if isinstance(digit, str):
-                id_.parallel_type = _PARALLEL_TYPE_OF_AXIS[digit]
-            id_.owner = tv
-            ids.append(id_)
-        return ids
-
     def resolve_static_extents(self) -> None:
         """Bind run-time extents (a cat's total, a reshape's -1, a slice's
         length) that later unifications made static, so the plan does not
@@ -587,7 +558,6 @@ class Fusion:
         return list(seen)
 
 
-_PARALLEL_TYPE_OF_AXIS = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
 
 
 class _NotStatic(Exception):

@@ -18,7 +18,7 @@ index recipe shards, gathers and scatters every layout.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -276,8 +276,3 @@ def expose(local: torch.Tensor, axis: int, segs_after: list, mesh_axis: str) -> 
     return t.reshape(shape[:axis] + [d, rest // d] + shape[axis + 1 :])
 
 
-def mesh_position(digits: AxisSharding, mesh_axis: str) -> Optional[int]:
-    for i, d in enumerate(digits):
-        if d == mesh_axis:
-            return i
-    return None

@@ -10,7 +10,7 @@ import torch
 from ..ir.dtypes import DataType, compute_dtype, promote
 from ..ir.nodes import IterType, NvShardError, Scalar, TensorView, Val
 from ..ir.sizes import Size, unify
-from .registry import FactorKind, ShardingRule
+from .registry import ShardingRule
 
 _FUSION_STACK: list = []
 
@@ -155,7 +155,7 @@ def pointwise_rule(expr) -> ShardingRule:
 def identity_rule(expr) -> ShardingRule:
     """One operand, one result, same axes (reductions kept as they are)."""
     rule = ShardingRule()
-    inp, out = expr.tv_inputs[0], expr.tv_outputs[0]
+    inp = expr.tv_inputs[0]
     factors = []
     for id_ in logical_shape(inp):
         if id_.is_broadcast() and id_.expanded is None:
@@ -206,10 +206,6 @@ def result_dtype(operands: Sequence) -> DataType:
 
 
 # -- printing ------------------------------------------------------------------
-
-
-def fmt_val(v) -> str:
-    return str(v)
 
 
 def fmt_call(expr, name: str, args: Sequence[str], extra: str = "") -> str:

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..ir.dtypes import DataType
-from ..ir.nodes import IterType, NvShardError, Scalar, TensorView
+from ..ir.nodes import IterType, NvShardError, Scalar
 from ..ir.sizes import Size, Sym, unify, whole_quotient
 from . import common
 from .registry import FactorKind, OpSpec, ShardingRule, frontend, register

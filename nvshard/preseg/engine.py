@@ -42,7 +42,6 @@ from typing import NamedTuple, Optional
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..ops.registry import FactorKind
-from . import compute_sharding as cs
 from .cost import Cost, CostModel
 from .log import DecisionLog
 from .program import Program, TvState
@@ -230,9 +229,6 @@ class Engine:
         return None
 
     # -- proposals ------------------------------------------------------------------------------
-    def _active(self, d: Optional[Decision]) -> bool:
-        return d is not None and d.priority <= self.level
-
     def _closed(self, tv) -> bool:
         """No more decisions will reach this tensor's open axes."""
         if tv in self.frozen:
@@ -355,12 +351,6 @@ class Engine:
                     options.append(((), tv, min(prio, self.level), "operand", self.mesh[tv], False))
                     break
         return options
-
-    def _mesh_near(self, expr):
-        for tv in expr.tv_inputs + expr.tv_outputs:
-            if self.mesh.get(tv) is not None:
-                return self.mesh[tv]
-        return None
 
     def _refresh(self, exprs) -> None:
         touched = set()
@@ -640,7 +630,7 @@ def _source_text(m: Merged, p: Optional[Proposal]) -> str:
 def _why(best, runner_up, symbolic: bool) -> str:
     if runner_up is None:
         return "only consistent choice"
-    (bp, bc, bf, bs), (rp, rc, rf, rs) = best[0], runner_up[0]
+    (bp, bc, bf, _), (rp, rc, rf, _) = best[0], runner_up[0]
     if bp != rp:
         return f"priority: the alternative drops a priority-{best[3] if best[3] != float('inf') else runner_up[3]} sharding"
     if bc != rc:

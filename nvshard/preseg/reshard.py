@@ -229,5 +229,3 @@ def _cross_mesh(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int
     return steps
 
 
-def total_bytes(steps: list[Step]) -> float:
-    return sum(s.bytes for s in steps)
