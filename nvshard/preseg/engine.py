@@ -14,14 +14,16 @@ For each priority level, lowest first:
     operand on them has decided, since partial sums commit all operands.
  2. A proposal is *easy* when nothing else competes for its target: no
     other layout for the same axis and no other axis of the tensor wanting
-    the same mesh axis. Easy proposals are applied a stage at a time
-    (pass-through ops, then contractions, then reshapes/slices), and
-    propagation continues to a fixed point.
+    the same mesh axis. Easy proposals are applied a stage at a time, by
+    the factor they cross (pass-through factors, then contractions, then
+    factors a reshape splits or merges), and propagation continues to a
+    fixed point.
  3. Only when nothing easy is left is one *conflict* resolved: the tensor's
-    consistent candidate assignments are scored by priority, then by the
-    bytes the adjacent exprs would move (concrete sizes) or the weights-
-    stationary heuristic (symbolic sizes), then by a deterministic tie-break
-    (outer axes first). Then propagation resumes.
+    consistent candidate assignments (with the longest compatible prefix of
+    multi-axis layouts) are scored by priority, then by the bytes the
+    adjacent exprs would move (concrete sizes) or the weights-stationary
+    heuristic (symbolic sizes), then by deterministic tie-breaks (keep the
+    producer's sharding, outer axes first). Then propagation resumes.
  4. When nothing is left at all, contraction factors are released with
     open operands treated as replicated, and the loop runs once more.
 
