@@ -47,16 +47,12 @@ class Simulation:
         return max(self.received.values(), default=0.0)
 
 
-def _global_shape(plan, tv) -> list:
-    return plan.sizes.global_shape(tv)
-
-
 def assemble(plan, tv: TensorView, shards: dict) -> torch.Tensor:
     """Put per-rank shards of a TensorView back into one tensor."""
     state = plan.program.state[tv]
     if state.mesh is None or not any(state.layouts[k] for k in tv.non_reduction_axes()):
         return next(t for r, t in shards.items() if state.mesh is None or state.mesh.has(r))
-    shape = _global_shape(plan, tv)
+    shape = plan.sizes.global_shape(tv)
     some = next(t for r, t in shards.items() if state.mesh.has(r))
     full = torch.zeros(shape, dtype=some.dtype, device=some.device)
     flat_index = torch.arange(full.numel()).reshape(shape)

@@ -28,9 +28,6 @@ class TvState:
     mesh: object = None  # DeviceMesh or None (present on every device)
     layouts: list = field(default_factory=list)  # per logical axis
 
-    def copy(self) -> "TvState":
-        return TvState(self.mesh, list(self.layouts))
-
     def pending(self, tv: TensorView) -> tuple:
         """Mesh axes holding partial sums (the reduction axes' layouts)."""
         axes = []
