@@ -3,7 +3,11 @@ current heuristic (legacy), the hand-designed plan, the optimum, and (when jax
 is importable) Shardy and GSPMD.
 
     .venv/bin/python tools/bench_comm.py [--json bench-results/comm.json] [--only triangle,mlp]
-                                         [--no-optimum] [--verify] [--no-jax]
+                                         [--no-optimum] [--verify] [--no-jax] [--quick]
+
+--quick (CI's smoke run): small sizes, the first row of each program, with
+--verify. Any row that raises, or a verified plan whose measured bytes or
+outputs disagree, makes the exit status 1.
 
 Every figure is bytes received per device (the most any device receives) by
 all collectives of the program, with concrete sizes:
@@ -28,8 +32,8 @@ Columns
             and every linear/matmul/attention splitting its work over all mesh
             axes (tools/optimum.py, balanced=True); on 3-D meshes without nested
             splits of one axis
-  Shardy / GSPMD  (only when a tools/bench_jax.py port and jax are present: not
-            written yet) the same program in JAX on CPU host devices
+  Shardy / GSPMD  (only when jax is installed) the same program in JAX on CPU
+            host devices (tools/bench_jax.py)
 
 A cell reads "MiB (collectives)"; AG allgather, RS reduce-scatter, AR allreduce,
 A2A all-to-all, CP collective-permute / send-recv. "†" marks a plan whose
@@ -50,15 +54,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
 import nvshard as nvfuser  # noqa: E402
 from nvshard import DataType, FusionDefinition  # noqa: E402
-import models  # noqa: E402
-from models import Direction  # noqa: E402
+from nvshard import models  # noqa: E402
+from nvshard.models import Direction  # noqa: E402
 
 MiB = float(1 << 20)
 ABBREV = {"allgather": "AG", "reduce_scatter": "RS", "allreduce": "AR", "all_to_all": "A2A",
@@ -73,7 +76,7 @@ FORMULAS = {
 }
 
 # Sizes (global)
-TRI = dict(b=2, n=64, c=128)  # f32, as ANCHORS.md
+TRI = dict(b=2, n=64, c=128)  # f32
 ATTN = dict(b=2, n=64, c=128, c_hidden=32, heads=4)  # f32
 MLP_H = 512  # f32; 4h = 2048
 MLP_T = {"t<4h": 1024, "t>4h": 8192}
@@ -279,7 +282,7 @@ def run_nvshard(fd, shapes, mode: str, reference_outputs=None) -> dict:
 
 
 def run_optimum(fd, shapes, default_plan, mesh_shape) -> dict:
-    from optimum import TooBig, optimum
+    from optimum import Infeasible, TooBig, optimum
 
     active = sum(1 for s in mesh_shape if s > 1)
     nested = active <= 2
@@ -289,6 +292,8 @@ def run_optimum(fd, shapes, default_plan, mesh_shape) -> dict:
         r = optimum(fd, shapes, fixed=fixed, nested=nested, balanced=True)
     except TooBig as e:
         return dict(error=f"too big: {e}")
+    except Infeasible as e:
+        return dict(error=f"infeasible: {e}")
     entry = dict(bytes=r.bytes_per_device, collectives=summarize(r.communications), exact=r.exact,
                  lower_bound=r.lower_bound,
                  nested=nested, balanced=True, search_s=time.perf_counter() - t0, stats=r.stats,
@@ -300,9 +305,46 @@ def run_optimum(fd, shapes, default_plan, mesh_shape) -> dict:
             u = optimum(fd, shapes, fixed=fixed, nested=nested, balanced=False)
             entry["unbalanced"] = dict(bytes=u.bytes_per_device, collectives=summarize(u.communications),
                                        exact=u.exact)
-        except TooBig:
+        except (TooBig, Infeasible):
             pass
     return entry
+
+
+def jax_sizes() -> dict:
+    return dict(TRI=TRI, ATTN=ATTN, MLP_H=MLP_H, TF=TF)
+
+
+def jax_output_specs(case, plan, fusion) -> list:
+    """The fusion outputs' shardings under `plan` as bench_jax.measure wants
+    them: per output, per dimension, the mesh axis names outer first."""
+    specs = [[list(axes) for axes in dims] for _, dims in out_keys(plan, fusion)]
+    if case.jax_key[0] == "transformer":
+        del specs[5:7]  # sdpfa_fwd's philox seed and offset: not in the JAX port
+    return specs
+
+
+def jax_demo(text: str, want_hlo: bool) -> int:
+    """--jax-demo "triangle outgoing 0 1x2x2": one program, both partitioners, the collectives."""
+    import bench_jax
+
+    words = text.split()
+    mesh = tuple(int(x) for x in words[-1].split("x"))
+    conv = [int(x) if x.lstrip("-").isdigit() else x for x in words[1:-1]]
+    key = (words[0], *conv)
+    if words[0] in ("mlp", "transformer"):
+        key = (words[0], bool(conv[0]), *conv[1:])
+    elif words[0] == "triangle":
+        key = (words[0], conv[0], bool(conv[1]))
+    case = next((c for c in cases() if tuple(c.jax_key or ()) == key and tuple(c.mesh_shape) == mesh), None)
+    if case is None:
+        print(f"no bench_comm row for {key} on {words[-1]}", file=sys.stderr)
+        return 2
+    fd, shapes, _ = case.build(False)
+    plan = nvfuser.propagate_shardings(fd, shapes, propagation="default")
+    expected = jax_output_specs(case, plan, fd.fusion)
+    reply = bench_jax.measure(key, mesh, jax_sizes(), expected, hlo=want_hlo)
+    print(bench_jax.describe(reply, expected, want_hlo))
+    return 0
 
 
 def verify(plan, data_fn) -> dict:
@@ -341,7 +383,19 @@ def main(argv=None) -> int:
     parser.add_argument("--verify", action="store_true",
                         help="also run each nvshard plan and the optimum's on simulated ranks: measured bytes "
                              "== planned, outputs equal (slower)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one row per program, verified; for CI (a smoke run, not figures)")
+    parser.add_argument("--jax-demo", metavar="PROGRAM",
+                        help='one program through Shardy and GSPMD, e.g. "triangle outgoing 0 1x2x2" (needs jax)')
+    parser.add_argument("--hlo", action="store_true", help="with --jax-demo: print the partitioned HLO")
     args = parser.parse_args(argv)
+    if args.jax_demo:
+        return jax_demo(args.jax_demo, args.hlo)
+    if args.quick:
+        use_quick_sizes()
+        args.verify = True
+        if args.json == parser.get_default("json"):
+            args.json = ""
 
     jax_bench = None
     if not args.no_jax:
@@ -354,6 +408,11 @@ def main(argv=None) -> int:
 
     selected = [c for c in cases() if not args.only or any(s.strip().lower() in c.name.lower()
                                                             for s in args.only.split(","))]
+    if args.quick:
+        firsts = {}
+        for c in selected:
+            firsts.setdefault(c.program, c)
+        selected = list(firsts.values())
     rows = []
     start = time.perf_counter()
     for case in selected:
@@ -374,8 +433,8 @@ def main(argv=None) -> int:
                     plans["optimum"] = row["optimum"].pop("plan")
             if jax_bench is not None and case.jax_key is not None:
                 try:
-                    row.update(jax_bench.measure(case.jax_key, case.mesh_shape, dict(TRI=TRI, ATTN=ATTN, MLP_H=MLP_H,
-                                                                                        TF=TF)))
+                    row.update(jax_bench.measure(case.jax_key, case.mesh_shape, jax_sizes(),
+                                                 jax_output_specs(case, dplan, fd.fusion)))
                 except Exception as e:  # noqa: BLE001
                     row["shardy"] = row["gspmd"] = dict(error=f"{type(e).__name__}: {e}")
             if args.verify:
@@ -408,7 +467,33 @@ def main(argv=None) -> int:
                                       transformer=TF),
                            formulas=FORMULAS, rows=rows, seconds=elapsed), f, indent=1, default=_json_default)
         print(f"wrote {args.json}")
-    return 0
+    failed = failures(rows)
+    for line in failed:
+        print("FAILED " + line, file=sys.stderr)
+    return 1 if failed else 0
+
+
+def failures(rows) -> list:
+    """Rows that raised, and verified plans whose measured bytes or outputs disagree."""
+    out = []
+    for row in rows:
+        name = f"{row['program']}, {row['variant']} on {'x'.join(map(str, row['mesh']))}"
+        if "error" in row:
+            out.append(f"{name}: {row['error']}")
+        for plan, v in row.get("verify", {}).items():
+            if not (v["bytes_ok"] and v["outputs_match_default"]):
+                out.append(f"{name}: {plan} plan verified wrong {v}")
+    return out
+
+
+def use_quick_sizes() -> None:
+    """Shrink every program (in place, so the case builders see it) for --quick."""
+    TRI.update(b=2, n=8, c=8)
+    ATTN.update(b=2, n=8, c=8, c_hidden=4, heads=2)
+    MLP_T.update({"t<4h": 32, "t>4h": 128})
+    TF.update(b=2, s=16, heads=4, e=32)
+    global MLP_H
+    MLP_H = 16
 
 
 def _json_default(o):
@@ -496,8 +581,8 @@ def notes(rows, jax_bench) -> str:
                                          if not bad else "MISMATCHES:"))
         out += bad
     if jax_bench is None:
-        out.append("Shardy/GSPMD columns: not measured (needs tools/bench_jax.py and jax; ANCHORS.md has the "
-                    "triangle figures: outgoing 3.0/5.0 MiB, incoming 5.0/3.0 MiB by operand order, 2x2 mesh).")
+        out.append("Shardy/GSPMD columns: not measured (needs jax: pip install -e .[bench]; the README's table "
+                   "has the last measured figures).")
     return "\n".join(out)
 
 

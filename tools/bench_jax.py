@@ -12,9 +12,12 @@ bench_comm.py leaves the columns out.
 JAX runs in a worker subprocess (this file with --worker), started once and
 fed one JSON request per line: XLA_FLAGS must give the host platform 8
 devices before jax starts its CPU backend, and bench_comm.py has imported
-torch long before. The worker can also be run by hand:
+torch long before. One program by hand, with its collectives:
 
-    .venv/bin/python tools/bench_jax.py --demo triangle outgoing 0 1x2x2 [--hlo]
+    .venv/bin/python tools/bench_comm.py --jax-demo "triangle outgoing 0 1x2x2" [--hlo]
+
+`tools/bench_jax.py --quick` checks the HLO reader on a module with known
+bytes and, with jax, runs one small program through both partitioners.
 
 Programs (same math, dtypes and sizes as tests/python/models.py):
   triangle update    f32; z_in/mask [b->z, i->y, j->x], weights replicated; the
@@ -34,7 +37,7 @@ Programs (same math, dtypes and sizes as tests/python/models.py):
                      explicit math with bf16 matmul operands.
 Only the inputs are annotated (jax.jit in_shardings); the outputs are left to
 the partitioner (out_shardings unspecified), as nvshard's fusion outputs are
-and as ANCHORS.md measured. When the partitioner then shards an output
+When the partitioner then shards an output
 differently from nvshard default (its plan is read in the parent process), the
 entry says so ("output_differs": bench_comm prints "†") and also carries
 "pinned_outputs": the same compile with out_shardings = nvshard default's.
@@ -175,46 +178,17 @@ def available() -> bool:
     return _available
 
 
-def nvshard_output_specs(jax_key, mesh_shape) -> Optional[list]:
-    """The fusion outputs' shardings under nvshard default propagation, as
-    PartitionSpec-like lists (one entry per dimension: a list of mesh axis
-    names, outer first), in the order of the JAX port's outputs. None when
-    bench_comm/nvshard cannot be loaded here."""
-    bc = None
-    for mod in (sys.modules.get("__main__"), sys.modules.get("bench_comm")):
-        if mod is not None and hasattr(mod, "cases") and hasattr(mod, "out_keys"):
-            bc = mod
-            break
-    if bc is None:
-        try:
-            if HERE not in sys.path:
-                sys.path.insert(0, HERE)
-            import bench_comm as bc  # noqa: F811
-        except Exception:  # noqa: BLE001
-            return None
-    try:
-        import nvshard
-
-        for case in bc.cases():
-            if tuple(case.jax_key or ()) == tuple(jax_key) and tuple(case.mesh_shape) == tuple(mesh_shape):
-                fd, shapes, _ = case.build(False)
-                plan = nvshard.propagate_shardings(fd, shapes, propagation="default")
-                specs = [[list(axes) for axes in dims] for _, dims in bc.out_keys(plan, fd.fusion)]
-                if jax_key[0] == "transformer":
-                    del specs[5:7]  # sdpfa_fwd's philox seed and offset: not in the JAX port
-                return specs
-    except Exception:  # noqa: BLE001
-        return None
-    return None
-
-
-def measure(jax_key, mesh_shape, sizes) -> dict:
-    """{"shardy": entry, "gspmd": entry} for one program on one mesh."""
+def measure(jax_key, mesh_shape, sizes, nvshard_outputs=None, hlo: bool = False) -> dict:
+    """{"shardy": entry, "gspmd": entry} for one program on one mesh.
+    `nvshard_outputs`: the fusion outputs' shardings under nvshard default, as
+    PartitionSpec-like lists (per dimension, mesh axis names outer first), in
+    the JAX port's output order; entries then say whether the partitioner's
+    outputs differ. `hlo`: also return the partitioned HLO text."""
     if not available():
         err = {"error": "jax not available"}
         return {"shardy": err, "gspmd": dict(err)}
     request = {"op": "measure", "key": list(jax_key), "mesh": list(mesh_shape), "sizes": sizes,
-               "nvshard_outputs": nvshard_output_specs(jax_key, mesh_shape)}
+               "nvshard_outputs": nvshard_outputs, "hlo": hlo}
     try:
         reply = _get_worker().ask(request)
     except Exception as e:  # noqa: BLE001
@@ -908,55 +882,82 @@ def _worker_main() -> int:
     return 0
 
 
-def _demo(argv) -> int:
-    """--demo triangle outgoing 0 1x2x2 [--hlo]: one program, both partitioners, the collectives."""
-    want_hlo = "--hlo" in argv
-    argv = [a for a in argv if a != "--hlo"]
-    kind, mesh = argv[0], tuple(int(x) for x in argv[-1].split("x"))
-    rest = argv[1:-1]
-    conv = [int(x) if x.lstrip("-").isdigit() else x for x in rest]
-    key = (kind, *conv)
-    if kind in ("mlp", "transformer"):
-        key = (kind, bool(conv[0]), *conv[1:])
-    elif kind == "triangle":
-        key = (kind, conv[0], bool(conv[1]))
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={N_HOST_DEVICES}").strip()
-    sys.path.insert(0, HERE)
-    import bench_comm as bc  # the sizes, and nvshard default's output shardings
-
-    sizes = dict(TRI=bc.TRI, ATTN=bc.ATTN, MLP_H=bc.MLP_H, TF=bc.TF)
-    expected = nvshard_output_specs(key, mesh)
-    reply = _serve(dict(op="measure", key=list(key), mesh=list(mesh), sizes=sizes, nvshard_outputs=expected,
-                        hlo=want_hlo))
-    print("nvshard default outputs:", expected)
+def describe(reply: dict, expected, want_hlo: bool = False) -> str:
+    """A measure() reply, one collective a line (bench_comm.py --jax-demo prints it)."""
+    lines = [f"nvshard default outputs: {expected}"]
     for col in ("shardy", "gspmd"):
         e = reply[col]
         if "error" in e:
-            print(col, "error", e["error"])
+            lines.append(f"{col} error {e['error']}")
             continue
         c = e["compiled"]
-        print(f"{col}: {e['bytes'] / (1 << 20):.3f} MiB {e['collectives']} (compile {e['compile_s']:.2f} s); "
-              f"AR+DS as RS {e['bytes_rs_equivalent'] / (1 << 20):.3f} MiB {e['collectives_rs_equivalent']}; "
-              f"final CPU HLO {c['bytes'] / (1 << 20):.3f} MiB {c['collectives']}")
+        lines.append(f"{col}: {e['bytes'] / (1 << 20):.3f} MiB {e['collectives']} (compile {e['compile_s']:.2f} s); "
+                     f"AR+DS as RS {e['bytes_rs_equivalent'] / (1 << 20):.3f} MiB {e['collectives_rs_equivalent']}; "
+                     f"final CPU HLO {c['bytes'] / (1 << 20):.3f} MiB {c['collectives']}")
         for d in e["detail"]:
-            print(f"   {d['op']:<20} {d['shape']:<40} d={d['group_size']} {d['mib_per_device']:.3f} MiB "
-                  f"groups={d['groups']}{' then dynamic-slice' if d.get('then_dynamic_slice') else ''}")
-        print("   outputs:", e["output_shardings"], "differ from nvshard's:", e.get("output_differs"),
-              e.get("outputs_differing", ""))
+            lines.append(f"   {d['op']:<20} {d['shape']:<40} d={d['group_size']} {d['mib_per_device']:.3f} MiB "
+                         f"groups={d['groups']}{' then dynamic-slice' if d.get('then_dynamic_slice') else ''}")
+        lines.append(f"   outputs: {e['output_shardings']} differ from nvshard's: {e.get('output_differs')} "
+                     f"{e.get('outputs_differing', '')}")
         if "pinned_outputs" in e:
             p = e["pinned_outputs"]
-            print("   outputs pinned to nvshard's:", f"{p['bytes'] / (1 << 20):.3f} MiB {p['collectives']}"
-                  if "bytes" in p else p)
+            lines.append("   outputs pinned to nvshard's: " + (f"{p['bytes'] / (1 << 20):.3f} MiB {p['collectives']}"
+                                                               if "bytes" in p else str(p)))
         if want_hlo:
-            print(e["hlo"])
-    return 0
+            lines.append(e["hlo"])
+    return "\n".join(lines)
+
+
+# A partitioned module with one collective of each kind, and what each device receives.
+_SELF_CHECK_HLO = """HloModule check, entry_computation_layout={(f32[4,8]{1,0})->f32[8,8]{1,0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+ENTRY %main (p: f32[4,8]) -> f32[8,8] {
+  %p = f32[4,8]{1,0} parameter(0)
+  %ag = f32[8,8]{1,0} all-gather(f32[4,8]{1,0} %p), replica_groups={{0,1},{2,3}}, dimensions={0}
+  %ar = f32[8,8]{1,0} all-reduce(f32[8,8]{1,0} %ag), replica_groups=[1,4]<=[4], to_apply=%add
+  %rs = f32[2,8]{1,0} reduce-scatter(f32[8,8]{1,0} %ar), replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+  %a2a = f32[2,8]{1,0} all-to-all(f32[2,8]{1,0} %rs), replica_groups={{0,1},{2,3}}, dimensions={1}
+  ROOT %cp = f32[8,8]{1,0} collective-permute(f32[8,8]{1,0} %ar), source_target_pairs={{0,1},{1,0},{2,3},{3,2}}
+}
+"""
+# allgather 1 * 128 B; allreduce 2*3/4 * 256 B; reduce-scatter 3/4 * 256 B; all-to-all 1/2 * 64 B; permute 256 B
+_SELF_CHECK_BYTES = 128 + 384 + 192 + 32 + 256
+
+
+def self_check() -> None:
+    """The HLO reader against a module whose bytes are known (no jax needed)."""
+    got = collectives(_SELF_CHECK_HLO, 4)
+    want_counts = {"allgather": 1, "allreduce": 1, "reduce_scatter": 1, "all_to_all": 1, "collective_permute": 1}
+    if got["bytes"] != _SELF_CHECK_BYTES or got["collectives"] != want_counts:
+        raise AssertionError(f"HLO reader: {got['bytes']} B {got['collectives']}, expected "
+                             f"{_SELF_CHECK_BYTES} B {want_counts}")
+
+
+QUICK_SIZES = dict(TRI=dict(b=2, n=8, c=8), ATTN=dict(b=2, n=8, c=8, c_hidden=4, heads=2), MLP_H=16,
+                   TF=dict(b=2, s=16, heads=4, e=32))
+
+
+def _quick() -> int:
+    """CI's smoke run: the HLO reader's self-check; with jax, one small program through both partitioners."""
+    self_check()
+    print(f"HLO reader: {_SELF_CHECK_BYTES} B per device on the self-check module, as expected")
+    if not available():
+        print("jax not installed: partitioners not run")
+        return 0
+    reply = measure(("triangle", "outgoing", False), (1, 2, 2), QUICK_SIZES)
+    print(describe(reply, None))
+    return 1 if any("error" in reply[col] for col in ("shardy", "gspmd")) else 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.exit(_worker_main())
-    if len(sys.argv) > 1 and sys.argv[1] == "--demo":
-        sys.exit(_demo(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "--quick":
+        sys.exit(_quick())
     print(__doc__)

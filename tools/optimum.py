@@ -1,5 +1,12 @@
 """The optimal sharding of a small fusion, for benchmarking propagation.
 
+    .venv/bin/python tools/optimum.py [--quick] [--direction incoming] [--mesh 1x2x2]
+
+As a script: the optimum for the AlphaFold3 triangle update (only z_in and
+mask annotated) next to nvshard's default plan; exits 1 if the optimum
+costs more than nvshard's plan (it cannot, if both are right). --quick (CI's
+smoke run): b=2, n=8, c=8. tools/bench_comm.py calls optimum() on every row.
+
 Formulation
 -----------
 One variable per TensorView: its sharding state on the fusion's (single)
@@ -86,6 +93,10 @@ MAX_SHARED_CONSUMERS = 3  # consumers of one tensor whose shared reshards are mo
 
 
 _RESHARD_CACHE: dict = {}  # shared by searches: same tensor shapes, same plans
+
+
+class Infeasible(RuntimeError):
+    """No assignment of block states meets the constraints."""
 
 
 class TooBig(RuntimeError):
@@ -448,6 +459,9 @@ class OptimumSearch:
         self.build()
         t1 = time.perf_counter()
         objective, choice = self.solve()
+        if math.isinf(objective):
+            raise Infeasible("no block sharding satisfies the constraints (with balanced=True: every "
+                             "linear/matmul/attention split over every mesh axis, extents divisible)")
         lower = objective
         if self._relaxed:
             swap = {id(f): g for upper, low in self._relaxed for f, g in zip(upper, low)}
@@ -469,7 +483,7 @@ class OptimumSearch:
         for tv, s in states.items():
             program.state[tv] = TvState(s.mesh, list(s.layouts))
         plan = Plan(self.fusion, program, self.sizes, "optimum")
-        plan.propagated = {tv: s.copy() for tv, s in program.state.items()}
+        plan.propagated = {tv: TvState(s.mesh, list(s.layouts)) for tv, s in program.state.items()}
         DecomposeReshardingsPass(CostModel(program, self.sizes).numel).run(program)
         plan.record_communications()
         return plan
@@ -502,3 +516,43 @@ def optimum(fd_or_fusion, input_shapes, scalar_values=None, table_limit: int = D
     result layout."""
     fusion = getattr(fd_or_fusion, "fusion", fd_or_fusion)
     return OptimumSearch(fusion, input_shapes, scalar_values, table_limit, fixed, nested, balanced).run()
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    import torch
+
+    import nvshard
+    from nvshard import DataType, FusionDefinition, models
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--direction", choices=["outgoing", "incoming"], default="outgoing")
+    parser.add_argument("--mesh", default="1x2x2", help="dp x cp x cp")
+    parser.add_argument("--sizes", default="2,64,128", help="b,n,c")
+    args = parser.parse_args(argv)
+    b, n, c = (2, 8, 8) if args.quick else (int(x) for x in args.sizes.split(","))
+    mesh_shape = tuple(int(x) for x in args.mesh.split("x"))
+    direction = models.Direction(args.direction)
+    with FusionDefinition() as fd:
+        inputs, _ = models.triangle_update(fd, direction, c, DataType.Float)
+        mesh = nvshard.multidevice.DeviceMesh(torch.arange(math.prod(mesh_shape)).reshape(mesh_shape))
+        models.annotate_triangle(inputs, mesh, mesh_shape[0], mesh_shape[1])
+    shapes = [[b, n, n, c], [c], [c], [2 * c, c], [2 * c, c], [c], [c], [c, c], [c, c], [b, n, n]]
+    default = nvshard.propagate_shardings(fd, shapes)
+    fixed = {o: default.propagated[o] for o in fd.fusion.outputs()}
+    result = optimum(fd, shapes, fixed=fixed, nested=sum(s > 1 for s in mesh_shape) <= 2)
+    kinds = ", ".join(c.kind for c in result.communications)
+    print(f"triangle update {direction.value} b={b} n={n} c={c} on {args.mesh}: optimum {result.bytes_per_device:.0f} B "
+          f"({kinds}; exact {result.exact}, {result.stats['states']} states, "
+          f"{result.stats['build_s'] + result.stats['solve_s']:.2f} s); nvshard default {default.bytes_per_device:.0f} B")
+    if result.bytes_per_device > default.bytes_per_device + 0.5:
+        print("the optimum costs more than nvshard's plan: the search is wrong", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

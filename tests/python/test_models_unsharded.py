@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import nvshard as nvfuser
-import models
-from models import Direction
+from nvshard import models
+from nvshard.models import Direction
 
 BF16 = torch.bfloat16
 TOLERANCE = {nvfuser.DataType.Float: dict(atol=1e-4, rtol=1e-4),

@@ -1,4 +1,4 @@
-"""Per-op numerics: every fd.op of API.md against torch, in one process.
+"""Per-op numerics: every fd.op (the ops upstream's multidevice tests use) against torch, in one process.
 
 Reduced precision follows nvFuser: kernels compute in float and cast the
 result, so bf16 references compute in float and cast the same way.

@@ -146,7 +146,7 @@ def test_sharded_tensor_strings():
 
 
 def test_api_example_tensor():
-    # API.md's example: one outer split on DIDx, the second axis untouched.
+    # One outer split on DIDx, the second axis untouched.
     with FusionDefinition() as fd:
         t0 = fd.define_tensor([-1, -1])
         fd.add_output(fd.ops.neg(t0))

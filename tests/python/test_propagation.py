@@ -1,4 +1,5 @@
-"""Sharding propagation: the designed shardings of PROBLEM.md, priorities,
+"""Sharding propagation: the designed shardings (README: the triangle update's
+hand-designed plan, the Megatron MLP), priorities,
 legacy mode, and ports of nvFuser's propagation unit tests
 (tests/cpp/test_sharding.cpp)."""
 
@@ -7,7 +8,7 @@ import torch
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition, NvShardError
-from models import Direction, annotate_mlp, annotate_triangle, mlp, triangle_update
+from nvshard.models import Direction, annotate_mlp, annotate_triangle, mlp, triangle_update
 
 PT = nvfuser.ParallelType
 

@@ -6,7 +6,7 @@ import torch
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition
-from models import Direction, annotate_triangle, triangle_reference, triangle_update
+from nvshard.models import Direction, annotate_triangle, triangle_reference, triangle_update
 
 MiB = 1 << 20
 

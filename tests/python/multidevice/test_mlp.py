@@ -7,7 +7,7 @@ import torch
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition
-from models import annotate_mlp, mlp, mlp_reference
+from nvshard.models import annotate_mlp, mlp, mlp_reference
 
 
 @pytest.mark.mpi

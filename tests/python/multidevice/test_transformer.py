@@ -9,7 +9,7 @@ import torch
 
 import nvshard as nvfuser
 from nvshard import FusionDefinition
-from models import annotate_transformer, transformer_forward
+from nvshard.models import annotate_transformer, transformer_forward
 
 
 def _inputs(b, s, e):
