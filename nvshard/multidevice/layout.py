@@ -194,6 +194,103 @@ def join_layouts(per_factor: Sequence[AxisSharding], extents: Sequence[Size]) ->
     return normalize(digits)
 
 
+# -- moving a mesh digit within one axis (cyclic <-> block) ------------------
+
+
+def _divides(a: Size, b: Size) -> bool:
+    return whole_quotient(b, a) is not None
+
+
+def exchange_digits(before: Sequence, after: Sequence, mesh_axis: str):
+    """How an all-to-all over `mesh_axis` turns one layout of an axis into
+    another that differs only in where that mesh digit sits, e.g. cyclic
+    [N/d, x] into block [x, N/d]. `before`/`after` are segments [(mesh axis
+    or None, size)]; other mesh digits must match. Writes the device's data
+    with the digit gathered as the finest common digits `refined` (outer
+    first); the digit is refined[ib] before and refined[ia] after. Returns
+    (refined, ib, ia), or None when no uniform all-to-all does it (the digit
+    straddles a boundary of the other layout, so peers would exchange
+    unequal chunks) or it is not a move of that digit."""
+    def locals_of(segs):
+        pos = [i for i, (n, _) in enumerate(segs) if n == mesh_axis]
+        others = [(n, Size.of(s)) for n, s in segs if n is not None and n != mesh_axis]
+        return [Size.of(s) for n, s in segs if n is None or n == mesh_axis], pos, others
+
+    b_locals, b_pos, b_others = locals_of(before)
+    a_locals, a_pos, a_others = locals_of(after)
+    if len(b_pos) != 1 or len(a_pos) != 1 or b_others != a_others:
+        return None
+    b_at = sum(1 for n, _ in before[: b_pos[0]] if n is None)  # the digit's place among the locals
+    a_at = sum(1 for n, _ in after[: a_pos[0]] if n is None)
+
+    def bounds(seq):  # suffix products, innermost (1) first
+        out = [Size(1)]
+        for s in reversed(seq):
+            out.append(out[-1] * s)
+        return out
+
+    b_bounds, a_bounds = bounds(b_locals), bounds(a_locals)
+    if b_bounds[-1] != a_bounds[-1]:
+        return None
+    merged: list = []
+    i = j = 0
+    while i < len(b_bounds) or j < len(a_bounds):  # merge two divisibility chains
+        if j == len(a_bounds) or (i < len(b_bounds) and b_bounds[i] == a_bounds[j]):
+            nxt = b_bounds[i]
+        elif i == len(b_bounds):
+            nxt = a_bounds[j]
+        elif _divides(b_bounds[i], a_bounds[j]):
+            nxt = b_bounds[i]
+        elif _divides(a_bounds[j], b_bounds[i]):
+            nxt = a_bounds[j]
+        else:
+            return None
+        if not merged or merged[-1] != nxt:
+            merged.append(nxt)
+        while i < len(b_bounds) and b_bounds[i] == nxt:
+            i += 1
+        while j < len(a_bounds) and a_bounds[j] == nxt:
+            j += 1
+    refined = [whole_quotient(merged[k + 1], merged[k]) for k in range(len(merged) - 1)][::-1]
+    if any(r is None for r in refined):
+        return None
+    n = len(refined)
+
+    def refined_index(seq, at):
+        inner, outer = bounds(seq)[len(seq) - at - 1], bounds(seq)[len(seq) - at]
+        k = merged.index(inner)
+        if k + 1 >= len(merged) or merged[k + 1] != outer:
+            return None  # the digit spans several refined digits
+        return n - 1 - k
+
+    ib, ia = refined_index(b_locals, b_at), refined_index(a_locals, a_at)
+    if ib is None or ia is None or ib == ia:
+        return None
+    return refined, ib, ia
+
+
+def exchange_chunks(local: torch.Tensor, axis: int, refined: list, ib: int, ia: int) -> list:
+    """The chunks a device sends in an in-axis all-to-all (exchange_digits),
+    chunk c for the peer with coordinate c."""
+    sizes = [int(s.value) for i, s in enumerate(refined) if i != ib]
+    shape = list(local.shape)
+    t = local.reshape(shape[:axis] + sizes + shape[axis + 1 :])
+    at = ia if ia < ib else ia - 1
+    chunk_shape = shape[:axis] + [shape[axis] // sizes[at]] + shape[axis + 1 :]
+    return [t.select(axis + at, c).reshape(chunk_shape) for c in range(sizes[at])]
+
+
+def assemble_exchanged(pieces: list, axis: int, refined: list, ib: int, ia: int) -> torch.Tensor:
+    """The received chunks (from peers in coordinate order) as the device's
+    local block of the layout after an in-axis all-to-all."""
+    sizes = [int(s.value) for i, s in enumerate(refined) if i not in (ib, ia)]
+    shape = list(pieces[0].shape)
+    unflat = [p.reshape(shape[:axis] + sizes + shape[axis + 1 :]) for p in pieces]
+    at = ib if ib < ia else ib - 1
+    t = torch.stack(unflat, dim=axis + at)
+    return t.reshape(shape[:axis] + [shape[axis] * len(pieces)] + shape[axis + 1 :])
+
+
 # -- moving data between layouts --------------------------------------------
 
 

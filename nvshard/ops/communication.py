@@ -131,6 +131,8 @@ class CommunicationOp(OpSpec):
 
     def _all_to_all(self, rt, src, dst, step, before, after):
         a, b, m = step.axis, step.dst_axis, step.mesh_axis
+        if a == b:
+            return self._all_to_all_within_axis(rt, src, dst, step, before, after)
         da, db = _dim(src, a), _dim(src, b)
         segs_b = _segs(rt, dst, after, b)
         segs_a = _segs(rt, src, before, a)
@@ -143,6 +145,20 @@ class CommunicationOp(OpSpec):
             received = rt.backend.all_to_all(group, chunks)
             for r in members:
                 rt.values[r][dst] = _unstrip(rt, dst, after, layout.insert_gathered(received[r], da, segs_a, m))
+
+    def _all_to_all_within_axis(self, rt, src, dst, step, before, after):
+        """The mesh digit moves inside one axis (e.g. cyclic -> block)."""
+        k, m = step.axis, step.mesh_axis
+        d = _dim(src, k)
+        refined, ib, ia = layout.exchange_digits(_segs(rt, src, before, k), _segs(rt, dst, after, k), m)
+        for group in after.mesh.groups(m):
+            members = self._members(rt, group, src)
+            if not members:
+                continue
+            chunks = {r: layout.exchange_chunks(_strip(src, rt.values[r][src]), d, refined, ib, ia) for r in members}
+            received = rt.backend.all_to_all(group, chunks)
+            for r in members:
+                rt.values[r][dst] = _unstrip(rt, dst, after, layout.assemble_exchanged(received[r], d, refined, ib, ia))
 
     def _broadcast(self, rt, src, dst, step, before, after):
         root = before.mesh.vector[0]

@@ -6,7 +6,9 @@ moves. Steps, each over one mesh axis:
 
   slice           keep this device's block (no data moves)
   reduce_scatter  sum pending partials and keep one block of an axis
-  all_to_all      move a mesh axis from one tensor axis to another
+  all_to_all      move a mesh axis from one tensor axis to another, or
+                  within one axis (cyclic <-> block) where peers exchange
+                  equal chunks
   allreduce       sum pending partials, keep everything
   allgather       collect the blocks of an axis
   broadcast       copy a tensor from one mesh to the devices of another
@@ -171,13 +173,15 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
                 gathered[a] = layout.without(lay[a], m, sizes)
                 yield "allgather", m, a, None, gathered, d - 1
                 for b in iteration:
-                    if b == a:
-                        continue
                     t = toward(gathered, b, m)
-                    if t is not None:
-                        moved = list(gathered)
-                        moved[b] = t
-                        yield "all_to_all", m, a, b, moved, (d - 1) / d
+                    if t is None:
+                        continue
+                    if b == a and (layout.same(t, lay[a]) or layout.exchange_digits(
+                            _segments(lay[a], sizes), _segments(t, sizes), m) is None):
+                        continue  # within one axis: only where peers exchange equal chunks
+                    moved = list(gathered)
+                    moved[b] = t
+                    yield "all_to_all", m, a, b, moved, (d - 1) / d
         for b in iteration:
             for m in layout.mesh_axes_of(dst.layouts[b]):
                 if m in used:
@@ -210,6 +214,10 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
                 heapq.heappush(frontier, (new_cost, counter, new_key, after, path + [step]))
                 counter += 1
     raise AssertionError(f"no resharding path for {tv.short_name()} from {src.layouts} to {dst.layouts}")
+
+
+def _segments(digits, mesh_sizes) -> list:
+    return [(d, mesh_sizes[d]) if isinstance(d, str) else (None, d) for d in digits]
 
 
 def _cross_mesh(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) -> list[Step]:

@@ -307,3 +307,46 @@ def test_priority_beats_bytes_for_a_pending_sum():
     plan0 = nvfuser.propagate_shardings(fd)
     assert plan0.partial_axes(out) == ["y"]
     assert plan0.bytes_per_device < plan.bytes_per_device
+
+
+# -- cheaper collectives -----------------------------------------------------------------------------------------------
+
+
+def _relayout(extent: int, a_cyclic: bool, b_cyclic: bool, symbolic: bool = False):
+    """b = -a on 4 devices, axis 0 of each laid out block or cyclic on DIDx."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1 if symbolic else extent, 16], dtype=DataType.Float)
+        b = fd.ops.neg(a)
+        fd.add_output(b)
+        m = mesh([0, 1, 2, 3])
+        for tv, cyclic in ((a, a_cyclic), (b, b_cyclic)):
+            tv.set_device_mesh(m)
+            shard(tv, 0, P.mesh_x, inner=cyclic, factor=4)
+    return fd
+
+
+@pytest.mark.parametrize("a_cyclic", [True, False], ids=["cyclic_to_block", "block_to_cyclic"])
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("rows,nbytes", [(64, 768.0), (16, 192.0), (32, 384.0)])
+def test_cyclic_block_relayout_is_an_all_to_all(a_cyclic, symbolic, rows, nbytes):
+    """Moving DIDx inside one axis (cyclic [rows/4, DIDx] <-> block [DIDx, rows/4]; f32 [64, 16] is 1 KiB a device):
+    every device keeps a quarter of its shard and swaps a quarter with each peer, an all-to-all receiving
+    (d-1)/d of the shard, 0.75 KiB. Was: an allgather (3 KiB) and a local slice."""
+    fd = _relayout(rows, a_cyclic, not a_cyclic, symbolic)
+    plan = nvfuser.propagate_shardings(fd, [[rows, 16]])
+    assert [(c.kind, c.mesh_axis, c.bytes_received) for c in plan.communications] == [("all_to_all", "x", nbytes)]
+    assert plan.bytes_per_device == nbytes
+    x = torch.randn(rows, 16)
+    sim = check_simulation(fd, [x], [-x], atol=0, rtol=0)
+    assert dict(sim.received) == {r: nbytes for r in range(4)}
+
+
+def test_cyclic_to_block_with_uneven_chunks_gathers():
+    """8 rows on 4 devices: cyclic [2, DIDx] holds rows {c, c+4}, block [DIDx, 2] rows {2c, 2c+1}; device 1 would
+    send nothing to devices 1 and 3, which an all-to-all of equal chunks cannot express: allgather (3 x 128 B)."""
+    fd = _relayout(8, True, False)
+    plan = nvfuser.propagate_shardings(fd, [[8, 16]])
+    assert [(c.kind, c.bytes_received) for c in plan.communications] == [("allgather", 384.0)]
+    x = torch.randn(8, 16)
+    check_simulation(fd, [x], [-x], atol=0, rtol=0)
+

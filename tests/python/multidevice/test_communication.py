@@ -238,3 +238,27 @@ def test_send_recv_between_pipeline_stages(multidevice_test):
     assert _kinds(results) == ["send_recv"]
     multidevice_test.check(results, 0, ref * 3 + 1)
     _check_bytes(results)
+
+
+@pytest.mark.mpi
+def test_all_to_all_cyclic_to_block(multidevice_test):
+    """DIDx moving inside one axis, cyclic [2d, DIDx] -> block [DIDx, 2d]: an
+    all-to-all of equal chunks, (d-1)/d of the local shard, not an allgather."""
+    d = multidevice_test.size
+    mesh = nvfuser.multidevice.DeviceMesh(torch.arange(d))
+    with FusionDefinition() as fd:
+        inp = fd.define_tensor((2 * d * d, 3), contiguity=True, dtype=DataType.Float)
+        out = fd.ops.neg(inp)
+        fd.add_output(out)
+        for tv in (inp, out):
+            tv.set_device_mesh(mesh)
+        inp.inner_split(0, d)
+        inp.axis(1).parallelize(PT.mesh_x)
+        out.outer_split(0, d)
+        out.axis(0).parallelize(PT.mesh_x)
+    ref = torch.randn(2 * d * d, 3)
+    results = multidevice_test.execute(fd, [ref])
+    assert _kinds(results) == (["all_to_all"] if d > 1 else [])
+    multidevice_test.check(results, 0, -ref)
+    _check_bytes(results)
+    assert results.plan.bytes_per_device == (d - 1) / d * (2 * d * 3 * 4)
