@@ -153,6 +153,14 @@ class TorchDistributedBackend(Backend):
         self._count("all_to_all", group, self.rank, sum(_nbytes(c) for i, c in enumerate(recv) if i != j))
         return {self.rank: recv}
 
+    def all_gather_object(self, obj) -> list:
+        """Every rank's `obj` (picklable), in rank order, over the whole world."""
+        import torch.distributed as dist
+
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
     def broadcast(self, group, root, tensors):
         import torch.distributed as dist
 

@@ -17,7 +17,7 @@ from ..multidevice import layout
 from ..multidevice.communicator import Communicator
 from .backends import Backend, SimulatedBackend
 from .context import EvalContext, localize_result_only
-from .sizes import SizeEvaluator
+from .sizes import SizeEvaluator, agree_on_global_shapes, needs_shape_exchange
 
 
 class RunState:
@@ -121,9 +121,14 @@ class FusionExecutor:
         comm = Communicator.instance()
         rank = comm.rank()
         global_shapes, scalars = global_input_shapes(self.fusion, inputs, rank)
+        device = _device_of(inputs, device)
+        if comm.size() > 1 and needs_shape_exchange(self.fusion, comm.size()):
+            from .distributed import distributed_backend
+
+            global_shapes = agree_on_global_shapes(self.fusion, global_shapes,
+                                                   distributed_backend(device).all_gather_object)
         plan = self.plan_for(global_shapes, scalars)
         plan.check_world(comm.size(), rank)
-        device = _device_of(inputs, device)
         if comm.size() > 1 and plan.groups():
             from .distributed import distributed_backend
 

@@ -350,3 +350,45 @@ def test_cyclic_to_block_with_uneven_chunks_gathers():
     x = torch.randn(8, 16)
     check_simulation(fd, [x], [-x], atol=0, rtol=0)
 
+
+# -- symbolic extents across meshes ------------------------------------------------------------------------------------
+
+
+def _two_stage_symbolic():
+    first, second = mesh([0, 1]), mesh([2, 3])
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 16], dtype=DataType.Float)
+        b = fd.ops.relu(a)
+        c = fd.ops.mul(b, 2.0)
+        fd.add_output(c)
+        for tv, m in ((a, first), (b, first), (c, second)):
+            tv.set_device_mesh(m)
+            shard(tv, 0, P.mesh_x)
+    return fd
+
+
+def test_ranks_outside_every_input_mesh_learn_symbolic_extents():
+    """Input [-1, 16] on {0, 1}, output on {2, 3}: under mpirun, ranks 2 and 3 raised "extent i0 is not bound by any
+    input" and ranks 0 and 1 then hung in their send. Now the ranks exchange the global input shapes first: the
+    exchange is needed exactly when some rank holds no input binding a symbol, and ranks without the input take the
+    shape the others report."""
+    from nvshard.runtime.sizes import agree_on_global_shapes, needs_shape_exchange
+
+    fd = _two_stage_symbolic()
+    assert needs_shape_exchange(fd.fusion, 4)
+    assert not needs_shape_exchange(fd.fusion, 2)  # ranks 0 and 1 both hold the input
+    views = [[[12, 16]], [[12, 16]], [None], [None]]  # what each of 4 ranks knows
+    assert agree_on_global_shapes(fd.fusion, [None], lambda obj: views) == [[12, 16]]
+    x = torch.randn(12, 16)
+    sim = check_simulation(fd, [x], [torch.relu(x) * 2])
+    assert dict(sim.received) == {2: 384.0, 3: 384.0}  # one send/recv of a 6 x 16 f32 shard
+
+
+def test_ranks_disagreeing_on_an_extent_get_one_error():
+    from nvshard.runtime.sizes import agree_on_global_shapes
+
+    fd = _two_stage_symbolic()
+    views = [[[12, 16]], [[10, 16]], [None], [None]]
+    with pytest.raises(nvfuser.NvShardError, match=r"input 0 \(T0\): the ranks disagree on its global shape at "
+                                                   r"axis 0: ranks \[1\] give \[10, 16\], ranks \[0\] give \[12, 16\]"):
+        agree_on_global_shapes(fd.fusion, [[12, 16]], lambda obj: views)
