@@ -62,10 +62,11 @@ import nvshard as nvfuser  # noqa: E402
 from nvshard import DataType, FusionDefinition  # noqa: E402
 from nvshard import models  # noqa: E402
 from nvshard.models import Direction  # noqa: E402
+from nvshard.multidevice.collectives import COLLECTIVES  # noqa: E402
 
 MiB = float(1 << 20)
-ABBREV = {"allgather": "AG", "reduce_scatter": "RS", "allreduce": "AR", "all_to_all": "A2A",
-          "send_recv": "CP", "broadcast": "BC", "collective_permute": "CP"}
+# nvshard's collectives by their short names, and XLA's collective-permute (Shardy/GSPMD columns)
+ABBREV = {**{kind: c.short for kind, c in COLLECTIVES.items()}, "collective_permute": "CP"}
 FORMULAS = {
     "allgather": "out - in = (d-1) * local input",
     "reduce_scatter": "in - out = (d-1)/d * local input",

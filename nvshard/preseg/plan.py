@@ -15,8 +15,8 @@ from typing import Optional
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
+from ..multidevice.collectives import collective, format_bytes
 from .program import indivisible
-from .reshard import format_bytes
 
 
 @dataclass
@@ -79,13 +79,13 @@ class Plan:
                 continue
             step = expr.attrs["step"]
             src = expr.inputs[0]
-            groups = _groups(step)
+            groups = collective(step.kind).groups(step)
             nbytes = step.bytes if self.sizes is not None else None
             self.communications.append(Communication(step.kind, src.short_name(), step.mesh_axis, groups,
                                                      nbytes, nbytes))
             if nbytes is not None:
                 for group in groups:
-                    for dev in _receivers(step, group):
+                    for dev in collective(step.kind).receivers(group):
                         received[dev] = received.get(dev, 0.0) + nbytes
         self._received = received
 
@@ -131,7 +131,8 @@ class Plan:
         out = []
         for expr in self.program.exprs:
             if expr.op.is_communication and expr.op.kind != "slice":
-                for g in _groups(expr.attrs["step"]):
+                step = expr.attrs["step"]
+                for g in collective(step.kind).groups(step):
                     if len(g) > 1 and g not in out:
                         out.append(g)
         return out
@@ -151,17 +152,3 @@ class Plan:
                 f"launch with mpirun -np {max(devs) + 1}, or run the ranks in one process with nvshard.simulate"
             )
 
-
-def _groups(step) -> list:
-    if step.kind == "broadcast":
-        root = step.before.mesh.vector[0]
-        return [[root] + [d for d in step.after.mesh.vector if d != root]]
-    if step.kind == "send_recv":
-        return [[a, b] for a, b in zip(step.before.mesh.vector, step.after.mesh.vector)]
-    return step.after.mesh.groups(step.mesh_axis)
-
-
-def _receivers(step, group) -> list:
-    if step.kind in ("broadcast", "send_recv"):
-        return [d for d in group[1:] if d != group[0]]
-    return list(group)

@@ -2,25 +2,16 @@
 
 Both the propagation cost model and the DecomposeReshardings pass call
 `plan_reshard`, so the bytes a decision is charged are the bytes the plan
-moves. Steps, each over one mesh axis:
-
-  slice           keep this device's block (no data moves)
-  reduce_scatter  sum pending partials and keep one block of an axis
-  all_to_all      move a mesh axis from one tensor axis to another, or
-                  within one axis (cyclic <-> block) where peers exchange
-                  equal chunks
-  allreduce       sum pending partials, keep everything
-  allgather       collect the blocks of an axis
-  broadcast       copy a tensor from one mesh to the devices of another
-  send_recv       move shards between meshes of one shape, device to device
+moves. Steps, each over one mesh axis, are the kinds declared in
+multidevice/collectives.py (which also gives their bytes): slice,
+reduce_scatter, all_to_all (between two axes, or inside one axis where peers
+exchange equal chunks), allreduce, allgather; between meshes, broadcast and
+send_recv. This file decides where each kind applies.
 
 The sequence is the cheapest one (a shortest-path search over layouts, each
 edge one step weighted by its bytes): e.g. [DIDy, DIDx] -> [DIDx, DIDy]
 becomes an allgather over DIDy, an all-to-all over DIDx and a free slice,
-not two allgathers. Bytes are those a device receives:
-
-  allgather (d-1)*in, reduce_scatter (d-1)/d*in, allreduce 2(d-1)/d*size,
-  all_to_all (d-1)/d*size, broadcast and send_recv: size
+not two allgathers.
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..multidevice import layout
+from ..multidevice.collectives import collective, format_bytes  # noqa: F401 - format_bytes: callers import it here
 from .program import TvState
 
 
@@ -47,14 +39,6 @@ class Step:
     def describe(self, tv_name: str) -> str:
         where = f" over DID{self.mesh_axis}" if self.mesh_axis else ""
         return f"{self.kind} {tv_name}{where} {format_bytes(self.bytes)}"
-
-
-def format_bytes(n: float) -> str:
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.2f} MiB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.2f} KiB"
-    return f"{n:.0f} B"
 
 
 class NumelModel:
@@ -156,22 +140,20 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
             return out
 
         for m in pending:
-            d = sizes[m]
             for b in iteration:
                 t = toward(lay, b, m) if m not in used else None
                 if t is not None:
                     new = without_pending(m)
                     new[b] = t
-                    yield "reduce_scatter", m, None, b, new, (d - 1) / d
-            yield "allreduce", m, None, None, without_pending(m), 2 * (d - 1) / d
+                    yield "reduce_scatter", m, None, b, new
+            yield "allreduce", m, None, None, without_pending(m)
         if pending:
             return  # resolve partial sums before moving data around
         for a in iteration:
             for m in layout.mesh_axes_of(lay[a]):
-                d = sizes[m]
                 gathered = list(lay)
                 gathered[a] = layout.without(lay[a], m, sizes)
-                yield "allgather", m, a, None, gathered, d - 1
+                yield "allgather", m, a, None, gathered
                 for b in iteration:
                     t = toward(gathered, b, m)
                     if t is None:
@@ -181,7 +163,7 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
                         continue  # within one axis: only where peers exchange equal chunks
                     moved = list(gathered)
                     moved[b] = t
-                    yield "all_to_all", m, a, b, moved, (d - 1) / d
+                    yield "all_to_all", m, a, b, moved
         for b in iteration:
             for m in layout.mesh_axes_of(dst.layouts[b]):
                 if m in used:
@@ -190,7 +172,7 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
                 if t is not None:
                     new = list(lay)
                     new[b] = t
-                    yield "slice", m, b, b, new, 0.0
+                    yield "slice", m, b, b, new
 
     start = TvState(mesh, list(src.layouts))
     frontier = [(0.0, 0, start.key(), start, [])]
@@ -203,9 +185,9 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
         if cost > best.get(key, float("inf")):
             continue
         numel = model.local_numel(tv, state)
-        for kind, m, a, b, new_layouts, factor in moves(state):
+        for kind, m, a, b, new_layouts in moves(state):
             after = TvState(mesh, new_layouts)
-            nbytes = factor * numel * itemsize
+            nbytes = collective(kind).factor(sizes[m]) * numel * itemsize
             new_key = after.key()
             new_cost = cost + nbytes
             if new_cost < best.get(new_key, float("inf")):

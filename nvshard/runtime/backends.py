@@ -1,20 +1,17 @@
-"""Communicator backends behind one small interface.
+"""Where collectives exchange buffers: simulated ranks in one process, or
+torch.distributed (gloo on CPU, NCCL on CUDA) with one rank per process.
 
-Each call takes the tensors of the ranks this process runs (all of them for
-simulated ranks, one under mpirun) and returns theirs. Every backend counts
-the bytes each rank receives, by the formulas in preseg/reshard.py, from
-the buffers it was actually handed; tests compare that with the plan.
+What each collective does, for either backend, is declared once in
+multidevice/collectives.py; a backend runs it on the ranks this process
+owns, holds the process groups, and counts the bytes each rank receives
+from the buffers it was actually handed (tests compare that with the plan).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+from ..multidevice.collectives import collective
 
 
 class Backend:
@@ -22,9 +19,20 @@ class Backend:
         self.received: dict[int, float] = defaultdict(float)
         self.calls: list[tuple] = []
 
-    def _count(self, kind: str, group: list, rank: int, nbytes: float) -> None:
-        self.received[rank] += nbytes
-        self.calls.append((kind, tuple(group), rank, nbytes))
+    def exchange(self, kind: str, group: list, payload: dict) -> dict:
+        """Run collective `kind` over `group`; payload and result map this
+        process's ranks to their buffers (see multidevice/collectives.py)."""
+        c = collective(kind)
+        out = self._exchange(c, group, payload)
+        for rank in out:
+            nbytes = c.measured(group, rank, payload, out)
+            if nbytes is not None:
+                self.received[rank] += nbytes
+                self.calls.append((kind, tuple(group), rank, nbytes))
+        return out
+
+    def _exchange(self, c, group: list, payload: dict) -> dict:
+        raise NotImplementedError
 
     def reset_counters(self) -> None:
         self.received = defaultdict(float)
@@ -38,59 +46,8 @@ class Backend:
 class SimulatedBackend(Backend):
     """All ranks live in this process; collectives are done in memory."""
 
-    def all_gather(self, group, tensors):
-        pieces = [tensors[r] for r in group]
-        out = {}
-        for r in group:
-            self._count("allgather", group, r, (len(group) - 1) * _nbytes(tensors[r]))
-            out[r] = [p.clone() for p in pieces]
-        return out
-
-    def reduce_scatter(self, group, chunks):
-        d = len(group)
-        out = {}
-        for i, r in enumerate(group):
-            total = chunks[group[0]][i].clone()
-            for other in group[1:]:
-                total = total + chunks[other][i]
-            out[r] = total
-            self._count("reduce_scatter", group, r, (d - 1) * _nbytes(chunks[r][i]))
-        return out
-
-    def all_reduce(self, group, tensors):
-        total = tensors[group[0]].clone()
-        for r in group[1:]:
-            total = total + tensors[r]
-        d = len(group)
-        out = {}
-        for r in group:
-            self._count("allreduce", group, r, 2 * (d - 1) / d * _nbytes(tensors[r]))
-            out[r] = total.clone()
-        return out
-
-    def all_to_all(self, group, chunks):
-        out = {}
-        for j, r in enumerate(group):
-            out[r] = [chunks[src][j].clone() for src in group]
-            self._count("all_to_all", group, r, sum(_nbytes(c) for i, c in enumerate(out[r]) if i != j))
-        return out
-
-    def broadcast(self, group, root, tensors):
-        data = tensors[root]
-        out = {}
-        for r in group:
-            out[r] = data.clone()
-            if r != root:
-                self._count("broadcast", group, r, _nbytes(data))
-        return out
-
-    def send_recv(self, pairs, tensors):
-        out = {}
-        for src, dst in pairs:
-            out[dst] = tensors[src].clone()
-            if src != dst:
-                self._count("send_recv", (src, dst), dst, _nbytes(tensors[src]))
-        return out
+    def _exchange(self, c, group, payload):
+        return c.simulate(group, payload)
 
 
 class TorchDistributedBackend(Backend):
@@ -115,43 +72,9 @@ class TorchDistributedBackend(Backend):
             raise RuntimeError(f"process group {key} was not prepared on every rank")
         return self._groups[key]
 
-    def all_gather(self, group, tensors):
-        import torch.distributed as dist
-
-        t = tensors[self.rank].contiguous()
-        pieces = [torch.empty_like(t) for _ in group]
-        dist.all_gather(pieces, t, group=self._group(group))
-        self._count("allgather", group, self.rank, (len(group) - 1) * _nbytes(t))
-        return {self.rank: pieces}
-
-    def reduce_scatter(self, group, chunks):
-        import torch.distributed as dist
-
-        mine = [c.contiguous() for c in chunks[self.rank]]
-        i = group.index(self.rank)
-        out = torch.empty_like(mine[i])
-        dist.reduce_scatter(out, mine, group=self._group(group))
-        self._count("reduce_scatter", group, self.rank, (len(group) - 1) * _nbytes(mine[i]))
-        return {self.rank: out}
-
-    def all_reduce(self, group, tensors):
-        import torch.distributed as dist
-
-        t = tensors[self.rank].contiguous().clone()
-        dist.all_reduce(t, group=self._group(group))
-        d = len(group)
-        self._count("allreduce", group, self.rank, 2 * (d - 1) / d * _nbytes(t))
-        return {self.rank: t}
-
-    def all_to_all(self, group, chunks):
-        import torch.distributed as dist
-
-        send = [c.contiguous() for c in chunks[self.rank]]
-        recv = [torch.empty_like(c) for c in send]
-        dist.all_to_all(recv, send, group=self._group(group))
-        j = group.index(self.rank)
-        self._count("all_to_all", group, self.rank, sum(_nbytes(c) for i, c in enumerate(recv) if i != j))
-        return {self.rank: recv}
+    def _exchange(self, c, group, payload):
+        result = c.distributed(self.rank, self._group(group), list(group), payload)
+        return {} if result is None else {self.rank: result}
 
     def all_gather_object(self, obj) -> list:
         """Every rank's `obj` (picklable), in rank order, over the whole world."""
@@ -159,34 +82,4 @@ class TorchDistributedBackend(Backend):
 
         out = [None] * dist.get_world_size()
         dist.all_gather_object(out, obj)
-        return out
-
-    def broadcast(self, group, root, tensors):
-        import torch.distributed as dist
-
-        t = tensors[self.rank].contiguous().clone()
-        dist.broadcast(t, src=root, group=self._group(group))
-        if self.rank != root:
-            self._count("broadcast", group, self.rank, _nbytes(t))
-        return {self.rank: t}
-
-    def send_recv(self, pairs, tensors):
-        import torch.distributed as dist
-
-        ops, out = [], {}
-        for src, dst in pairs:
-            if src == dst:
-                if self.rank == src:
-                    out[dst] = tensors[src].clone()
-            elif self.rank == src:
-                ops.append(dist.P2POp(dist.isend, tensors[src].contiguous(), dst))
-            elif self.rank == dst:
-                buf = torch.empty_like(tensors[dst])
-                ops.append(dist.P2POp(dist.irecv, buf, src))
-                out[dst] = buf
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        if self.rank in out and (self.rank, self.rank) not in pairs:
-            self._count("send_recv", tuple(pairs), self.rank, _nbytes(out[self.rank]))
         return out
