@@ -12,18 +12,15 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
+from ..errors import NvShardError  # noqa: F401 - also imported from here by much of nvshard
 from ..multidevice import layout
 from .dtypes import DataType
-from .sizes import Size, Sym
+from .sizes import Size, SizeQueries, Sym
 
 
 # Passes push a Program here to print TensorViews with the shardings they
 # decided instead of the user's annotations (see preseg/program.py).
 RENDER_STACK: list = []
-
-
-class NvShardError(ValueError):
-    """Bad input from the user: names the tensor, the axis and what was expected."""
 
 
 class ParallelType(enum.Enum):
@@ -564,7 +561,7 @@ class _NotStatic(Exception):
     pass
 
 
-class _StaticSizes:
+class _StaticSizes(SizeQueries):
     """Answers size queries with static extents only (see resolve_static_extents)."""
 
     def evaluate_size(self, size) -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from .nodes import TensorView
-
 
 def format_math(inputs, outputs, exprs) -> str:
     lines = ["Inputs:"]
@@ -12,7 +10,7 @@ def format_math(inputs, outputs, exprs) -> str:
     lines += [f"  {v}" for v in outputs]
     text = "\n".join(lines) + "\n\n%kernel_math {\n"
     for expr in exprs:
-        if any(isinstance(o, TensorView) for o in expr.outputs):
+        if expr.tv_outputs:  # scalar arithmetic is not printed
             text += str(expr)
     return text + "} // %kernel_math \n\n"
 

@@ -10,7 +10,7 @@ add) are unified with a union-find, so later comparisons see one symbol.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Protocol, runtime_checkable
 
 
 # Bumped whenever two extents are unified, so cached canonical forms of
@@ -251,3 +251,21 @@ def _bind_static(sym: Sym, value: Size, what: str) -> None:
         raise ValueError(f"{what} {root.name} = {root._static} and {v} must be equal")
     root._static = v
     _EPOCH[0] += 1
+
+
+@runtime_checkable
+class SizeQueries(Protocol):
+    """The size questions ops, layouts and the passes ask, answered by the
+    SizeEvaluator (ir/size_evaluator.py: every extent bound from input
+    shapes), the executor's per-rank EvalContext (runtime/context.py: the
+    same, for the device an op runs on) and Fusion's static resolver
+    (ir/nodes.py: static extents only, for definition time)."""
+
+    def evaluate_size(self, size: Size) -> int:
+        """The value of an extent."""
+
+    def global_extent(self, tv, axis: int) -> int:
+        """The global extent of non-reduction axis `axis` of `tv`."""
+
+    def scalar(self, value):
+        """The value of a Scalar (other values pass through)."""

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import NvShardError
 from . import layout
 from .communicator import Communicator
 from .mesh import DeviceMesh
@@ -14,8 +15,6 @@ from .mesh import DeviceMesh
 def shard_tensor(t: torch.Tensor, tv, rank: Optional[int] = None) -> torch.Tensor:
     """This rank's shard of the unsharded tensor `t`, as `tv`'s annotation
     lays it out (any split, inner or outer, on any mesh axis)."""
-    from ..ir.nodes import NvShardError
-
     if tv.mesh is None:
         return t
     rank = Communicator.instance().rank() if rank is None else rank

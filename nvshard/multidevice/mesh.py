@@ -11,13 +11,12 @@ from typing import Optional
 
 import torch
 
+from ..errors import NvShardError
 from . import layout
 
 
 class DeviceMesh:
     def __init__(self, devices=None, shape=None):
-        from ..ir.nodes import NvShardError
-
         if devices is None:
             devices = []
         if isinstance(devices, torch.Tensor):
@@ -68,7 +67,6 @@ class DeviceMesh:
 
     def shard_tensor(self, t: torch.Tensor, axis: int, rank: Optional[int] = None) -> torch.Tensor:
         """This rank's slice of `t` along `axis` (1-D meshes, like nvFuser)."""
-        from ..ir.nodes import NvShardError
         from .communicator import Communicator
 
         if self.ndim != 1:

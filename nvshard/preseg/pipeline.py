@@ -15,7 +15,7 @@ import sys
 from typing import Optional
 
 from ..ir.nodes import NvShardError, TensorView
-from ..runtime.sizes import SizeEvaluator
+from ..ir.size_evaluator import SizeEvaluator
 from .cost import CostModel
 from .decompose_reshardings import DecomposeReshardingsPass
 from .plan import Plan

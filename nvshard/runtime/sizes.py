@@ -1,5 +1,5 @@
-"""Concrete sizes: binds the fusion's symbolic extents and scalar inputs to
-values, from the GLOBAL (unsharded) input shapes.
+"""Sizes at run time. The SizeEvaluator (ir/size_evaluator.py) binds the
+fusion's symbolic extents from the GLOBAL input shapes.
 
 Under mpirun a rank outside an input's mesh holds none of it, so it cannot
 read that input's symbolic extents; when some rank would be left so
@@ -11,10 +11,9 @@ with the same concrete sizes.
 
 from __future__ import annotations
 
-from typing import Optional
-
-from ..ir.nodes import NvShardError, Scalar, TensorView
-from ..ir.sizes import Size, Sym
+from ..errors import NvShardError
+from ..ir.nodes import TensorView
+from ..ir.size_evaluator import SizeEvaluator  # noqa: F401 - the executor and tools import it from here
 
 
 def needs_shape_exchange(fusion, world_size: int) -> bool:
@@ -62,111 +61,3 @@ def agree_on_global_shapes(fusion, shapes: list, all_gather) -> list:
             )
         agreed.append(list(distinct.pop()) if distinct else None)
     return agreed
-
-
-class SizeEvaluator:
-    def __init__(self, fusion, global_shapes: list, scalar_values: Optional[dict] = None):
-        """`global_shapes`: per fusion input, a shape for tensors and a value
-        (or None) for scalars."""
-        self.fusion = fusion
-        self.bindings: dict = {}
-        self.scalars: dict = dict(scalar_values or {})
-        self._checks = []
-        inputs = fusion.inputs()
-        if len(global_shapes) != len(inputs):
-            raise NvShardError(f"expected {len(inputs)} input shapes, got {len(global_shapes)}")
-        for val, shape in zip(inputs, global_shapes):
-            if isinstance(val, Scalar):
-                if shape is not None:
-                    self.scalars[val] = shape
-                continue
-            if shape is None:
-                # Not on this rank: static extents are known, symbolic ones
-                # must come from other inputs.
-                continue
-            ids = [val.logical[i] for i in val.non_reduction_axes()]
-            for axis, (id_, extent) in enumerate(zip(ids, shape)):
-                if id_.is_broadcast():
-                    if extent != 1 and id_.expanded is None:
-                        raise NvShardError(f"{val.short_name()}: axis {axis} is a broadcast axis and must have extent 1, got {extent}")
-                    continue
-                self._bind(id_.extent(), extent, val, axis)
-        for size, extent, tv, axis in self._checks:
-            got = self.evaluate_size(size)
-            if got != extent:
-                raise NvShardError(f"{tv.short_name()}: axis {axis} has extent {extent}, but the fusion requires {size} = {got}")
-        # What only concrete sizes can check: a reshape's new shape, a squeezed symbolic axis.
-        for expr in fusion.exprs:
-            expr.op.check_sizes(expr, self)
-
-    def _bind(self, size: Size, extent: int, tv: TensorView, axis: int) -> None:
-        c = size.canonical()
-        if not c.syms:
-            if c.coef != extent:
-                raise NvShardError(
-                    f"{tv.short_name()}: axis {axis} has extent {extent}, but define_tensor declared {size}"
-                )
-            return
-        if len(c.syms) == 1 and c.coef == 1:
-            sym = c.syms[0]
-            if sym in self.bindings and self.bindings[sym] != extent:
-                raise NvShardError(
-                    f"{tv.short_name()}: axis {axis} has extent {extent}, but {sym.name} = {self.bindings[sym]} "
-                    f"from another input must be equal"
-                )
-            self.bindings[sym] = extent
-            return
-        self._checks.append((size, extent, tv, axis))
-
-    # -- queries used by ops (through EvalContext) and the cost model -------------
-    def evaluate_size(self, size: Size) -> int:
-        c = Size.of(size).canonical()
-        value = c.coef
-        for s in c.syms:
-            value *= self.sym_value(s)
-        if value.denominator != 1:
-            raise NvShardError(f"extent {size} is not a whole number ({value})")
-        return int(value)
-
-    def sym_value(self, sym: Sym) -> int:
-        root = sym.find()
-        if root in self.bindings:
-            return self.bindings[root]
-        definition = root.definition
-        if isinstance(definition, Scalar):
-            value = int(self.scalar(definition))
-        elif callable(definition):
-            value = int(definition(self))
-        else:
-            raise NvShardError(f"extent {root.name} is not bound by any input")
-        self.bindings[root] = value
-        return value
-
-    def global_extent(self, tv: TensorView, axis: int) -> int:
-        ids = [tv.logical[i] for i in tv.non_reduction_axes()]
-        id_ = ids[axis]
-        if id_.is_broadcast():
-            return self.evaluate_size(id_.expanded) if id_.expanded is not None else 1
-        return self.evaluate_size(id_.extent())
-
-    def global_shape(self, tv: TensorView) -> list:
-        return [self.global_extent(tv, a) for a in range(tv.ndim)]
-
-    def scalar(self, value):
-        if not isinstance(value, Scalar):
-            return value
-        if value.definition is None:
-            if value.value is not None:
-                return value.value
-            if value not in self.scalars:
-                raise NvShardError(f"scalar input {value} has no value")
-            return self.scalars[value]
-        if value in self.scalars:
-            return self.scalars[value]
-        expr = value.definition
-        args = [self.scalar(a) if isinstance(a, Scalar) else a for a in expr.inputs]
-        result = expr.op.evaluate(expr, args, self)[0]
-        self.scalars[value] = result
-        return result
-
-    # SizeOp.evaluate calls ctx.evaluate_size; scalar arithmetic ignores ctx.
