@@ -22,6 +22,17 @@ from . import common
 from .registry import FactorKind, OpSpec, ShardingRule, frontend, register
 
 
+def _same_extent(a, a_ids, b, b_ids, i, j, what):
+    """sdpfa_fwd needs axis i of a and axis j of b equal (the error names both)."""
+    try:
+        unify(a_ids[i].extent(), b_ids[j].extent())
+    except ValueError:
+        raise NvShardError(
+            f"sdpfa_fwd: {what} must match: {a.short_name()} axis {i} has extent {a_ids[i].extent()}, "
+            f"{b.short_name()} axis {j} has {b_ids[j].extent()}"
+        ) from None
+
+
 def _scalar_arg(fusion, value, name):
     if value is None:
         return None
@@ -73,11 +84,12 @@ class SdpaFwdOp(OpSpec):
                                f"{len(qi)}, {len(ki)}, {len(vi)}")
         if not q.dtype() == k.dtype() == v.dtype():
             raise NvShardError(f"sdpfa_fwd: query, key and value dtypes differ: {q.dtype()}, {k.dtype()}, {v.dtype()}")
-        for j in range(len(qi) - 2):
+        n = len(qi)
+        for j in range(n - 2):
             for t, ids in ((k, ki), (v, vi)):
-                unify(qi[j].extent(), ids[j].extent())
-        unify(qi[-1].extent(), ki[-1].extent())
-        unify(ki[-2].extent(), vi[-2].extent())
+                _same_extent(q, qi, t, ids, j, j, "batch and head")
+        _same_extent(q, qi, k, ki, n - 1, n - 1, "head dim")
+        _same_extent(k, ki, v, vi, n - 2, n - 2, "key length")
         inputs = [q, k, v]
         attrs = {"has_bias": bias is not None, "has_mask": mask is not None}
         for name, t, dtype in (("bias", bias, q.dtype()), ("mask", mask, DataType.Bool)):

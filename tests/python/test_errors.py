@@ -452,3 +452,16 @@ def test_set_device_mesh_needs_a_mesh():
         x = fd.define_tensor([-1])
         with pytest.raises(NvShardError, match=r"T0: set_device_mesh expects a DeviceMesh, got \[0, 1\]"):
             x.set_device_mesh([0, 1])
+
+
+
+@pytest.mark.parametrize("k_shape,v_shape,message", [
+    ([2, 4, 8, 32], [2, 4, 8, 16], r"sdpfa_fwd: head dim must match: T0 axis 3 has extent 16, T1 axis 3 has 32"),
+    ([2, 4, 8, 16], [2, 4, 6, 16], r"sdpfa_fwd: key length must match: T1 axis 2 has extent 8, T2 axis 2 has 6"),
+    ([2, 4, 8, 16], [2, 2, 8, 16], r"sdpfa_fwd: batch and head must match: T0 axis 1 has extent 4, T2 axis 1 has 2"),
+], ids=["head_dim", "key_length", "heads"])
+def test_sdpfa_fwd_mismatched_extents(k_shape, v_shape, message):
+    with FusionDefinition() as fd:
+        q, k, v = (fd.define_tensor(s, dtype=DataType.Float) for s in ([2, 4, 8, 16], k_shape, v_shape))
+        with pytest.raises(NvShardError, match=message):
+            fd.ops.sdpfa_fwd(q, k, v)

@@ -45,9 +45,8 @@ def check_simulation(fd, inputs, expected, atol=1e-5, rtol=1e-5):
 
 
 def test_block_vs_cyclic_tie():
-    """Fixed in 87fc69a; was: engine crash: a conflict between a block and a cyclic layout of one axis that
+    """Was: engine crash: a conflict between a block and a cyclic layout of one axis that
     ties on priority and bytes sorts str against tuple (TypeError)."""
-    # /tmp/nvshard_repros/prop_1.py
     with FusionDefinition() as fd:
         a = fd.define_tensor([16], dtype=DataType.Float)
         b = fd.define_tensor([16], dtype=DataType.Float)
@@ -83,10 +82,9 @@ def _two_consumers(c_first: bool):
 
 
 def test_unreached_tensor_mesh_independent_of_definition_order():
-    """Fixed in 87fc69a; was: determinism: a tensor no sharding reached gets the mesh of its first
+    """Was: determinism: a tensor no sharding reached gets the mesh of its first
     neighbouring expr in definition order, so the plan (and who receives the send/recv) depends on the
     order ops were defined in."""
-    # /tmp/nvshard_repros/prop_2.py
     (fd1, b1), (fd2, b2) = _two_consumers(True), _two_consumers(False)
     p1, p2 = nvfuser.propagate_shardings(fd1), nvfuser.propagate_shardings(fd2)
     assert p1.mesh(b1) == p2.mesh(b2)
@@ -94,10 +92,9 @@ def test_unreached_tensor_mesh_independent_of_definition_order():
 
 
 def test_slice_of_expanded_broadcast_keeps_extent():
-    """Fixed in 87fc69a; was: slice of an expanded broadcast axis: the IR extent is computed from the
+    """Was: slice of an expanded broadcast axis: the IR extent is computed from the
     unexpanded extent (1) while evaluation slices the expanded tensor, so Simulation.output cannot
     assemble the result."""
-    # /tmp/nvshard_repros/prop_3.py
     with FusionDefinition() as fd:
         x = fd.define_tensor([8], dtype=DataType.Float)
         b = fd.ops.broadcast_in_dim(x, shape=[4, 8], broadcast_dims=[1])
@@ -112,10 +109,9 @@ def test_slice_of_expanded_broadcast_keeps_extent():
 
 
 def test_reshape_with_inferred_extent_keeps_valid_annotation():
-    """Fixed in 87fc69a; was: reshape with an inferred (-1) extent of a symbolic input: the rule assumes
+    """Was: reshape with an inferred (-1) extent of a symbolic input: the rule assumes
     symbolic divisibility and maps input axis 0's sharding onto output axis 0; planning with concrete
     shapes then rejects a valid program ('extent 2 is not divisible by DIDx (2 devices)')."""
-    # /tmp/nvshard_repros/prop_4.py
     with FusionDefinition() as fd:
         t0 = fd.define_tensor([8, -1], dtype=DataType.Float)
         t1 = fd.ops.reshape(t0, new_shape=[-1, 4, 8])
@@ -128,10 +124,9 @@ def test_reshape_with_inferred_extent_keeps_valid_annotation():
 
 
 def test_reshape_with_inferred_extent_sharded_output():
-    """Fixed in 87fc69a; was: reshape with an inferred (-1) extent of a symbolic input, sharded on the
+    """Was: reshape with an inferred (-1) extent of a symbolic input, sharded on the
     inferred axis: execution crashes with layout.ShardingError ('extent 8 does not split into [8, 2]')
     instead of computing or raising NvShardError."""
-    # /tmp/nvshard_repros/prop_7.py (same root cause as prop_4.py)
     with FusionDefinition() as fd:
         t0 = fd.define_tensor([-1, 8, 8], dtype=DataType.Float)
         t1 = fd.ops.reshape(t0, new_shape=[8, -1, 4, 8])
@@ -143,9 +138,8 @@ def test_reshape_with_inferred_extent_sharded_output():
 
 
 def test_equal_layouts_at_concrete_sizes_need_no_communication():
-    """Fixed in 87fc69a; was: resharding compares layouts symbolically even with concrete sizes: ('x', 8)
+    """Was: resharding compares layouts symbolically even with concrete sizes: ('x', 8)
     and ('x', ceilDiv(i0, 2)) are the same layout at i0 = 16, yet the plan all-gathers between them."""
-    # /tmp/nvshard_repros/prop_5.py
     m = mesh([0, 1])
     with FusionDefinition() as fd:
         a = fd.define_tensor([-1], dtype=DataType.Float)
@@ -182,20 +176,18 @@ def _slice_and_unify(slice_first: bool):
 
 
 def test_slice_full_range_independent_of_definition_order():
-    """Fixed in 87fc69a; was: determinism: slice decides at definition whether an axis is sliced fully by
+    """Was: determinism: slice decides at definition whether an axis is sliced fully by
     comparing its end with a symbolic extent that a later op unifies, so the plan depends on the op
     definition order (128 B allgather vs none)."""
-    # /tmp/nvshard_repros/prop_6.py
     a = nvfuser.propagate_shardings(_slice_and_unify(True), [[8, 8]])
     b = nvfuser.propagate_shardings(_slice_and_unify(False), [[8, 8]])
     assert a.bytes_per_device == b.bytes_per_device
 
 
 def test_cross_mesh_reshard_does_not_pollute_same_mesh_reshard():
-    """Fixed in 3009eda; was: reshard plan cache corrupted by a cross-mesh reshard: _cross_mesh appended its
+    """Was: reshard plan cache corrupted by a cross-mesh reshard: _cross_mesh appended its
     broadcast to the cached step list of 'replicated on the source mesh', so a later same-mesh consumer read
     a tensor broadcast to the other mesh (and plans depended on definition order)."""
-    # /tmp/nvshard_repros/prop_8.py
     m0, m1 = mesh([0, 1]), mesh([2, 3])
     with FusionDefinition() as fd:
         a = fd.define_tensor([8, 8], dtype=DataType.Float)
@@ -242,16 +234,14 @@ def test_symbolic_plan_independent_of_definition_order():
     # depending on whether the op unifying the symbolic extents was defined
     # before or after: the cat's total and the reshape's -1 are now resolved
     # once the definition is complete (Fusion.resolve_static_extents).
-    # /tmp/nvshard_repros/prop_9.py
     (fa, ra), (fb, rb) = _unify_before_or_after(True), _unify_before_or_after(False)
     pa, pb = nvfuser.propagate_shardings(fa), nvfuser.propagate_shardings(fb)
     assert pa.mesh_axes(ra) == pb.mesh_axes(rb) == [[], [], [], ["z"]]
 
 
 def test_legacy_propagation_gives_every_tensor_a_mesh():
-    """Fixed in 8ff320f; was: propagation='legacy' left a tensor without a mesh while its producer had one;
+    """Was: propagation='legacy' left a tensor without a mesh while its producer had one;
     DecomposeReshardings then failed with 'no resharding path for T2 from [()] to [()]'."""
-    # /tmp/nvshard_repros/prop_10.py
     with FusionDefinition() as fd:
         x = fd.define_tensor([8], dtype=DataType.Float)
         y = fd.ops.relu(x)
@@ -392,3 +382,15 @@ def test_ranks_disagreeing_on_an_extent_get_one_error():
     with pytest.raises(nvfuser.NvShardError, match=r"input 0 \(T0\): the ranks disagree on its global shape at "
                                                    r"axis 0: ranks \[1\] give \[10, 16\], ranks \[0\] give \[12, 16\]"):
         agree_on_global_shapes(fd.fusion, [[12, 16]], lambda obj: views)
+
+
+def test_size_answerers_share_one_interface():
+    """SizeEvaluator, the executor's EvalContext and the static resolver answer the same questions."""
+    from nvshard.ir.nodes import _StaticSizes
+    from nvshard.ir.size_evaluator import SizeEvaluator
+    from nvshard.ir.sizes import SizeQueries
+    from nvshard.runtime.context import EvalContext
+
+    for cls in (SizeEvaluator, EvalContext, _StaticSizes):
+        assert issubclass(cls, SizeQueries), cls
+    assert not issubclass(int, SizeQueries)
