@@ -75,12 +75,24 @@ class NumelModel:
         return n
 
 
+# Plans by (tensor signature, source, target), shared by every plan of the
+# process: a fusion is planned again for each new set of input shapes, and
+# programs repeat the same reshards. Steps and states are never mutated.
+_SHARED_PLANS: dict = {}
+_SHARED_PLANS_LIMIT = 100_000
+
+
 def plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
     """The cheapest sequence of single-mesh-axis steps from src to dst."""
     key = (model.signature(tv), src.key(), dst.key())
     steps = model.plans.get(key)
     if steps is None:
-        steps = model.plans[key] = _plan_reshard(tv, src, dst, model)
+        steps = _SHARED_PLANS.get(key)
+        if steps is None:
+            if len(_SHARED_PLANS) >= _SHARED_PLANS_LIMIT:
+                _SHARED_PLANS.clear()
+            steps = _SHARED_PLANS[key] = _plan_reshard(tv, src, dst, model)
+        model.plans[key] = steps
     return list(steps)  # the cached list stays untouched
 
 
@@ -209,7 +221,9 @@ def _cross_mesh(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int
     same_shape = src.mesh.shape == dst.mesh.shape
     if same_shape and not src.pending(tv) and all(layout.same(a, b) for a, b in zip(src.layouts, dst.layouts)):
         numel = model.local_numel(tv, src)
-        return [Step("send_recv", None, None, None, src, dst, numel * itemsize)]
+        # copies: cached steps must not share states a pass may still change
+        return [Step("send_recv", None, None, None, TvState(src.mesh, list(src.layouts)),
+                     TvState(dst.mesh, list(dst.layouts)), numel * itemsize)]
     replicated = [() for _ in tv.logical]
     steps = plan_reshard(tv, src, TvState(src.mesh, replicated), model)
     on_dst = TvState(dst.mesh, replicated)

@@ -36,6 +36,7 @@ annotations only shard axes their mesh axes divide.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Optional
@@ -281,7 +282,7 @@ class FusionCase:
         src = self.source(order, annotate)
         if extra_lines:
             src += "\n" + "\n".join("    " + line for line in extra_lines)
-        exec(compile(src, "<fusion case>", "exec"), ns)
+        exec(_compiled(src), ns)
         tvs = {r: ns[r.var()] for r in self.refs()}
         return ns["fd"], tvs
 
@@ -1015,3 +1016,9 @@ def fusions(draw, max_ops: int = 7, ops=ALL_OPS, max_rank: int = 3, meshes_max: 
                     n.params["spelled"] = spelled
                     is_symbolic = True
     return FusionCase(gen.nodes, outputs, mesh_list, anns, seed, is_symbolic)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(src: str):
+    """A case is built several times per example (orders, annotations): compile its source once."""
+    return compile(src, "<fusion case>", "exec")
