@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import multidevice
 from .frontend.fusion_definition import FusionDefinition, ops
 from .ir.dtypes import DataType
-from .ir.nodes import IterDomain, NvShardError, ParallelType, Scalar, TensorView
+from .ir.nodes import CudaRequiredError, IterDomain, NvShardError, ParallelType, Scalar, TensorView
 from .api import execute_with_dtensors, propagate_shardings, simulate
 
 # Under mpirun, a rank that dies of an uncaught exception ends the whole job
@@ -20,6 +20,7 @@ if multidevice.Communicator.instance().size() > 1:
     abort_job_on_uncaught_exception()
 
 __all__ = [
+    "CudaRequiredError",
     "DataType",
     "FusionDefinition",
     "IterDomain",
