@@ -94,91 +94,80 @@ class SimulatedBackend(Backend):
 
 
 class TorchDistributedBackend(Backend):
-    """One rank per process: torch.distributed (gloo on CPU, NCCL on CUDA)."""
+    """One rank per process, on nvshard's own process groups (gloo on CPU,
+    NCCL on CUDA; runtime/distributed.py makes them without torch's default
+    group). `new_group(ranks)` gives the group of those global ranks."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, new_group, world):
         super().__init__()
         self.rank = rank
+        self._new_group = new_group
+        self._world = world
         self._groups: dict[tuple, object] = {}
 
     def prepare_groups(self, groups: list) -> None:
-        import torch.distributed as dist
-
         for g in groups:
             key = tuple(g)
-            if key not in self._groups:
-                self._groups[key] = dist.new_group(list(key)) if len(key) > 1 else None
+            if key not in self._groups and self.rank in key:
+                self._groups[key] = self._new_group(list(key))
 
     def _group(self, group):
         key = tuple(group)
         if key not in self._groups:
-            raise RuntimeError(f"process group {key} was not prepared on every rank")
+            raise RuntimeError(f"process group {key} was not prepared on rank {self.rank}")
         return self._groups[key]
 
     def all_gather(self, group, tensors):
-        import torch.distributed as dist
-
         t = tensors[self.rank].contiguous()
         pieces = [torch.empty_like(t) for _ in group]
-        dist.all_gather(pieces, t, group=self._group(group))
+        self._group(group).all_gather(pieces, t)
         self._count("allgather", group, self.rank, (len(group) - 1) * _nbytes(t))
         return {self.rank: pieces}
 
     def reduce_scatter(self, group, chunks):
-        import torch.distributed as dist
-
         mine = [c.contiguous() for c in chunks[self.rank]]
         i = group.index(self.rank)
         out = torch.empty_like(mine[i])
-        dist.reduce_scatter(out, mine, group=self._group(group))
+        self._group(group).reduce_scatter(out, mine)
         self._count("reduce_scatter", group, self.rank, (len(group) - 1) * _nbytes(mine[i]))
         return {self.rank: out}
 
     def all_reduce(self, group, tensors):
-        import torch.distributed as dist
-
         t = tensors[self.rank].contiguous().clone()
-        dist.all_reduce(t, group=self._group(group))
+        self._group(group).all_reduce(t)
         d = len(group)
         self._count("allreduce", group, self.rank, 2 * (d - 1) / d * _nbytes(t))
         return {self.rank: t}
 
     def all_to_all(self, group, chunks):
-        import torch.distributed as dist
-
         send = [c.contiguous() for c in chunks[self.rank]]
         recv = [torch.empty_like(c) for c in send]
-        dist.all_to_all(recv, send, group=self._group(group))
+        self._group(group).all_to_all(recv, send)
         j = group.index(self.rank)
         self._count("all_to_all", group, self.rank, sum(_nbytes(c) for i, c in enumerate(recv) if i != j))
         return {self.rank: recv}
 
     def broadcast(self, group, root, tensors):
-        import torch.distributed as dist
-
         t = tensors[self.rank].contiguous().clone()
-        dist.broadcast(t, src=root, group=self._group(group))
+        self._group(group).broadcast(t, root)
         if self.rank != root:
             self._count("broadcast", group, self.rank, _nbytes(t))
         return {self.rank: t}
 
     def send_recv(self, pairs, tensors):
-        import torch.distributed as dist
-
-        ops, out = [], {}
+        works, out = [], {}
         for src, dst in pairs:
             if src == dst:
                 if self.rank == src:
                     out[dst] = tensors[src].clone()
             elif self.rank == src:
-                ops.append(dist.P2POp(dist.isend, tensors[src].contiguous(), dst))
+                works.append(self._world.isend(tensors[src].contiguous(), dst))
             elif self.rank == dst:
                 buf = torch.empty_like(tensors[dst])
-                ops.append(dist.P2POp(dist.irecv, buf, src))
+                works.append(self._world.irecv(buf, src))
                 out[dst] = buf
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+        for work in works:
+            work.wait()
         if self.rank in out and (self.rank, self.rank) not in pairs:
             self._count("send_recv", tuple(pairs), self.rank, _nbytes(out[self.rank]))
         return out
