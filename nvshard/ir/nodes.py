@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
+import torch
+
 from ..multidevice import layout
 from .dtypes import DataType
 from .sizes import Size, Sym
@@ -54,6 +56,12 @@ class ParallelType(enum.Enum):
 ParallelType.DIDx = ParallelType.mesh_x
 ParallelType.DIDy = ParallelType.mesh_y
 ParallelType.DIDz = ParallelType.mesh_z
+
+
+# Where nvFuser allocates a tensor (`global` is a Python keyword, hence the
+# functional form). Only `symmetric` (memory every GPU of the job can
+# address) changes anything, and it needs CUDA.
+MemoryType = enum.Enum("MemoryType", [(n, n) for n in ("local", "shared", "global", "tensor", "symmetric")])
 
 
 class IterType(enum.Enum):
@@ -192,6 +200,7 @@ class TensorView(Val):
         self.contiguity = None
         self.stride_order = None
         self.is_cpu = False
+        self.memory_type = None
 
     # -- nvfuser_direct API ----------------------------------------------------
     def dtype(self) -> DataType:
@@ -265,6 +274,13 @@ class TensorView(Val):
             result[new] = self.loop[old]
         rest = iter(id_ for i, id_ in enumerate(self.loop) if i not in norm)
         self.loop = [r if r is not None else next(rest) for r in result]
+
+    def set_memory_type(self, memory_type) -> None:
+        if not isinstance(memory_type, MemoryType):
+            raise NvShardError(f"{self.short_name()}: set_memory_type expects a MemoryType, got {memory_type!r}")
+        if memory_type is MemoryType.symmetric and not torch.cuda.is_available():
+            raise CudaRequiredError(f"needs CUDA: {self.short_name()} in symmetric memory (CUDA IPC / NVSHMEM)")
+        self.memory_type = memory_type
 
     def set_allocation_domain(self, ids, contiguity) -> None:
         self.allocation = list(ids)

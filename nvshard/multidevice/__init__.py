@@ -51,4 +51,13 @@ def _bindings(extent, value: int) -> dict:
     return {}
 
 
-__all__ = ["Communicator", "DeviceMesh", "shard_tensor"]
+def __getattr__(name: str):
+    # The executor lives in the runtime, which imports this package.
+    if name in ("MultiDeviceExecutor", "MultiDeviceExecutorParams"):
+        from ..runtime import executor
+
+        return getattr(executor, name)
+    raise AttributeError(f"module 'nvshard.multidevice' has no attribute {name!r}")
+
+
+__all__ = ["Communicator", "DeviceMesh", "MultiDeviceExecutor", "MultiDeviceExecutorParams", "shard_tensor"]

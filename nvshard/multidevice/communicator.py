@@ -7,6 +7,7 @@ RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, else a single process.
 
 from __future__ import annotations
 
+import enum
 import os
 from typing import Callable, Iterable, Optional
 
@@ -17,6 +18,16 @@ def _env_int(names: Iterable[str], default: int) -> int:
         if value:
             return int(value)
     return default
+
+
+class CommunicatorBackend(enum.Enum):
+    """Which library moves the data. On CPU tensors nccl and ucc both mean
+    nvshard's torch.distributed groups (gloo); cuda (copy engines and CUDA
+    IPC between GPUs) exists only on CUDA devices."""
+
+    nccl = "nccl"
+    ucc = "ucc"
+    cuda = "cuda"
 
 
 def mpi():
