@@ -58,6 +58,18 @@ def _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, global_ro
     return torch.matmul(probs, v), lse
 
 
+def _in_layout_of(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`t` laid out in memory like `ref` (same rank): nvFuser allocates
+    attention's output like the query and each gradient like its input, so
+    a [b, s, h, e]-ordered query gives a [b, s, h, e]-ordered output."""
+    if not isinstance(ref, torch.Tensor) or ref.dim() != t.dim() or ref.is_contiguous():
+        return t.contiguous()
+    # outermost first; ties (extent-1 axes) keep their logical order
+    order = sorted(range(ref.dim()), key=lambda d: (-ref.stride(d), d))
+    inverse = [order.index(d) for d in range(ref.dim())]
+    return t.permute(order).contiguous().permute(inverse)
+
+
 class SdpaFwdOp(OpSpec):
     def __init__(self):
         super().__init__("sdpfa_fwd")
@@ -147,7 +159,8 @@ class SdpaFwdOp(OpSpec):
         out, lse = _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, rows, localize)
         seed_t = torch.tensor([seed, 0], dtype=torch.uint64)
         offset_t = torch.tensor(0, dtype=torch.uint64)
-        return [common.to_dtype(out, out_tv.dtype()), lse.float(), seed_t, offset_t]
+        out = _in_layout_of(common.to_dtype(out, out_tv.dtype()), tensors[0])
+        return [out, lse.float().contiguous(), seed_t, offset_t]
 
     def format(self, expr):
         # nvFuser's SdpaFwdOp::toString; it fills in dropout_p and is_causal when omitted.
@@ -220,7 +233,8 @@ class SdpaBwdOp(OpSpec):
         with torch.enable_grad():
             o, _ = _attention(qf, kf, vf, None, None, dropout_p, is_causal, scale, seed, rows, localize)
             grads = torch.autograd.grad(o, (qf, kf, vf), grad_out.float())
-        return [common.to_dtype(g, t.dtype()) for g, t in zip(grads, expr.outputs)]
+        return [_in_layout_of(common.to_dtype(g, t.dtype()), like)
+                for g, t, like in zip(grads, expr.outputs, (q, k, v))]
 
     def format(self, expr):
         # nvFuser's SdpaBwdOp::toString
