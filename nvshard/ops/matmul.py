@@ -43,6 +43,8 @@ def _compute(args, out_dtype: DataType):
 
 
 class LinearOp(OpSpec):
+    chunkable = True
+
     def __init__(self):
         super().__init__("linear")
 
@@ -111,7 +113,12 @@ class LinearOp(OpSpec):
         if expr.attrs["has_bias"] and ctx.adds_unreduced_terms():
             bias = _compute([args[2]], out.dtype())[0].to(a.dtype)
         w = w.to(a.dtype)
-        if w.dim() <= 2:
+        if a.dim() == 2 and w.dim() == 2 and bias is None:
+            # allocate the result, then multiply into it (aten::mm with its
+            # output), as nvFuser's host IR allocates and then runs linear
+            result = torch.empty(a.shape[0], w.shape[0], dtype=a.dtype, device=a.device)
+            torch.mm(a, w.t(), out=result)
+        elif w.dim() <= 2:
             result = F.linear(a, w, bias)
         else:
             # [*w, n, k]: one linear with the weight's leading axes folded into
@@ -150,6 +157,7 @@ def _try_unify(a_id, b_id) -> bool:
 
 
 class MatmulOp(OpSpec):
+    chunkable = True
     """torch.matmul semantics, batch axes broadcast right-aligned."""
 
     def __init__(self):

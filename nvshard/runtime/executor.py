@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from .. import profiler
+from . import streams
 from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar, TensorView
 from ..multidevice import layout
@@ -88,6 +89,7 @@ def _run_expr(rt: RunState, expr, ctxs: dict) -> None:
         expr.op.run(expr, rt)
         return
     out_state = program.state[expr.tv_outputs[0]]
+    chunking = streams.chunked_dims(plan, expr)  # a stream-parallel result: run in chunks
     for r in rt.local_ranks:
         if not on_rank(out_state, r):
             continue
@@ -103,7 +105,10 @@ def _run_expr(rt: RunState, expr, ctxs: dict) -> None:
                 args.append(v)
         ctx = ctxs[r]
         ctx.bind(expr)
-        results = expr.op.evaluate(expr, args, ctx)
+        if chunking is not None:
+            results = streams.run_in_chunks(expr, args, ctx, *chunking)
+        else:
+            results = expr.op.evaluate(expr, args, ctx)
         for i, (tv, t) in enumerate(zip(expr.tv_outputs, results)):
             rt.values[r][tv] = localize_result_only(ctx, expr, i, t)
 
