@@ -36,6 +36,13 @@ def _axes(fs):
 
 
 def _compute(args, out_dtype: DataType):
+    """Operands as the contraction takes them. When every floating operand
+    already has the result's reduced-precision dtype they stay as they are:
+    torch's bf16/fp16 matmuls accumulate in float and round once, as cuBLAS
+    does for nvFuser, and upcasting would double the weights' memory."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if out_dtype.is_reduced_precision and all(t.dtype == out_dtype.torch_dtype for t in tensors):
+        return list(args)
     return [common.upcast(a, out_dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
 
 

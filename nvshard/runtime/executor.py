@@ -64,13 +64,20 @@ def run_program(plan, inputs_by_rank: dict, backend: Backend, device, execution_
             if isinstance(val, TensorView) and t is not None and on_rank(program.state[val], r):
                 rt.values[r][val] = t
     ctxs = {r: EvalContext(program, plan.sizes, r, device, execution_index) for r in rt.local_ranks}
-    for expr in program.exprs:
+    last_use = _last_uses(program)
+    keep = set(program.outputs)
+    for index, expr in enumerate(program.exprs):
         if not expr.tv_outputs:
             continue  # scalar arithmetic: evaluated once from the sizes
         if profiler.active():
             _profiled(rt, expr, ctxs)
         else:
             _run_expr(rt, expr, ctxs)
+        # drop what no later expr reads, so a rank holds only live tensors
+        for tv in expr.tv_inputs + expr.tv_outputs:
+            if last_use.get(tv, -1) <= index and tv not in keep:
+                for r in rt.local_ranks:
+                    rt.values[r].pop(tv, None)
     outputs = {}
     for r in rt.local_ranks:
         outs = []
@@ -81,6 +88,15 @@ def run_program(plan, inputs_by_rank: dict, backend: Backend, device, execution_
                 outs.append(torch.empty(0, dtype=tv.dtype().torch_dtype, device=device))
         outputs[r] = outs
     return outputs
+
+
+def _last_uses(program) -> dict:
+    """TensorView -> index of the last expr that reads it."""
+    last = {}
+    for index, expr in enumerate(program.exprs):
+        for tv in expr.tv_inputs:
+            last[tv] = index
+    return last
 
 
 def _run_expr(rt: RunState, expr, ctxs: dict) -> None:
