@@ -13,7 +13,8 @@ from .mesh import DeviceMesh
 
 def shard_tensor(t: torch.Tensor, tv, rank: Optional[int] = None) -> torch.Tensor:
     """This rank's shard of the unsharded tensor `t`, as `tv`'s annotation
-    lays it out (any split, inner or outer, on any mesh axis)."""
+    lays it out (any split, inner or outer, on any mesh axis); a view of `t`
+    where the layout allows one (outer splits), so sharding copies nothing."""
     from ..ir.nodes import NvShardError
 
     if tv.mesh is None:
@@ -39,7 +40,7 @@ def shard_tensor(t: torch.Tensor, tv, rank: Optional[int] = None) -> torch.Tenso
                 f"{layout.describe(digits)} ({layout.local_numel_divisor(digits, sizes)} devices) does not divide"
             ) from None
         t = layout.take_local(t, d, segs, coords)
-    return t.contiguous()
+    return t
 
 
 def _bindings(extent, value: int) -> dict:

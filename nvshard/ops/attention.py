@@ -30,8 +30,9 @@ def _scalar_arg(fusion, value, name):
     return common.as_val(fusion, value)
 
 
-# elements of one block of attention scores (about 256 MiB in float)
-_BLOCK_ELEMENTS = 1 << 26
+# elements of one block of attention scores (64 MiB in float; a block's
+# temporaries are a few times that)
+_BLOCK_ELEMENTS = 1 << 24
 
 
 def _local_indices(global_rows_shape, localize):
