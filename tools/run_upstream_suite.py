@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,31 +142,44 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def collect(results: Path) -> dict:
-    """nodeid -> (outcome, detail); a test failed if it failed on any rank."""
+def collect(results: Path) -> tuple:
+    """nodeid -> (outcome, detail), a test failed if it failed on any rank;
+    and nodeid -> seconds (the slowest rank)."""
     merged: dict = {}
+    seconds: dict = collections.defaultdict(float)
     rank = {"passed": 0, "skipped": 1, "failed": 2}
     for path in sorted(results.glob("rank*.jsonl")):
+        per_test: dict = collections.defaultdict(float)
         for line in path.read_text().splitlines():
             rec = json.loads(line)
+            per_test[rec["nodeid"]] += rec.get("seconds", 0.0)
             old = merged.get(rec["nodeid"])
             if old is None or rank[rec["outcome"]] > rank[old[0]]:
                 merged[rec["nodeid"]] = (rec["outcome"], rec["detail"])
-    return merged
+        for nodeid, t in per_test.items():
+            seconds[nodeid] = max(seconds[nodeid], t)
+    return merged, dict(seconds)
 
 
-def table(merged: dict, np_: int, rc: int) -> str:
+def table(merged: dict, seconds: dict, np_: int, rc: int, wall: float) -> str:
     per_file = collections.OrderedDict()
+    file_seconds: dict = collections.defaultdict(float)
     for nodeid, (outcome, _) in sorted(merged.items()):
         f = nodeid.split("::")[0].split("/")[-1]
         per_file.setdefault(f, collections.Counter())[outcome] += 1
-    lines = [f"## mpirun -np {np_} (exit code {rc})", "",
-             "| file | passed | failed | skipped |", "|---|---|---|---|"]
+        file_seconds[f] += seconds.get(nodeid, 0.0)
+    lines = [f"## mpirun -np {np_} (exit code {rc}, {wall:.0f} s)", "",
+             "| file | passed | failed | skipped | seconds |", "|---|---|---|---|---|"]
     total = collections.Counter()
     for f, c in per_file.items():
         total.update(c)
-        lines.append(f"| {f} | {c['passed']} | {c['failed']} | {c['skipped']} |")
-    lines.append(f"| **total** | **{total['passed']}** | **{total['failed']}** | **{total['skipped']}** |")
+        lines.append(f"| {f} | {c['passed']} | {c['failed']} | {c['skipped']} | {file_seconds[f]:.0f} |")
+    lines.append(f"| **total** | **{total['passed']}** | **{total['failed']}** | **{total['skipped']}** | "
+                 f"**{sum(file_seconds.values()):.0f}** |")
+    slow = sorted(((t, n) for n, t in seconds.items() if t >= 60), reverse=True)
+    if slow:
+        lines += ["", "| slowest tests | seconds (slowest rank) |", "|---|---|"]
+        lines += [f"| {n.split('/')[-1]} | {t:.0f} |" for t, n in slow]
     details = [(n, o, d) for n, (o, d) in sorted(merged.items()) if o != "passed"]
     if details:
         lines += ["", "| test | outcome | reason |", "|---|---|---|"]
@@ -196,9 +210,10 @@ def main() -> int:
         for np_ in args.np:
             results = tmp / f"results-np{np_}"
             results.mkdir()
+            start = time.perf_counter()
             rc = run(tmp, np_, results, args.timeout, args.pytest_args)
-            merged = collect(results)
-            reports.append(table(merged, np_, rc))
+            merged, seconds = collect(results)
+            reports.append(table(merged, seconds, np_, rc, time.perf_counter() - start))
             failed |= rc != 0 or any(o == "failed" for o, _ in merged.values())
         print("\n\n".join(reports))
         return 1 if failed else 0

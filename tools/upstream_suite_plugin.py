@@ -81,11 +81,11 @@ def _detail(report) -> str:
     return ""
 
 
-def _record(nodeid: str, outcome: str, detail: str) -> None:
+def _record(nodeid: str, outcome: str, detail: str, seconds: float = 0.0) -> None:
     if not _RESULTS:
         return
     with open(os.path.join(_RESULTS, f"rank{_RANK}.jsonl"), "a") as f:
-        f.write(json.dumps({"nodeid": nodeid, "outcome": outcome, "detail": detail}) + "\n")
+        f.write(json.dumps({"nodeid": nodeid, "outcome": outcome, "detail": detail, "seconds": seconds}) + "\n")
 
 
 def pytest_runtest_logreport(report):
@@ -93,7 +93,7 @@ def pytest_runtest_logreport(report):
         outcome = "failed" if report.failed else report.outcome
         if report.when == "teardown" and report.failed:
             outcome = "failed"
-        _record(report.nodeid, outcome, _detail(report))
+        _record(report.nodeid, outcome, _detail(report), report.duration)
 
 
 def pytest_collectreport(report):
