@@ -23,12 +23,14 @@ from ..ops.registry import FactorKind
 
 def stream_axes(plan) -> dict:
     """TensorView -> (local dim, number of chunks) for every tensor that
-    carries a stream-parallel axis; cached on the plan."""
+    carries a stream-parallel axis; cached on the plan. A swizzled
+    (swizzle1d) stream axis is recorded in plan._stream_rotations."""
     cached = getattr(plan, "_stream_axes", None)
     if cached is not None:
         return cached
     program = plan.program
     found: dict = {}
+    rotations: dict = {}
     for tv in program.state:
         for id_ in tv.loop:
             if id_.parallel_type is not ParallelType.stream or id_.is_reduction():
@@ -37,6 +39,8 @@ def stream_axes(plan) -> dict:
             value = id_.extent().value
             chunks = value if value is not None else plan.sizes.evaluate_size(id_.extent())
             found[tv] = (axes.index(id_.logical_axis), int(chunks))
+            if id_.swizzle is not None:
+                rotations[tv] = id_.swizzle.mesh_axis
     changed = bool(found)
     while changed:
         changed = False
@@ -49,6 +53,7 @@ def stream_axes(plan) -> dict:
                     found[tv] = (dim, _chunks_of(expr, found))
                     changed = True
     plan._stream_axes = found
+    plan._stream_rotations = rotations
     return found
 
 
@@ -97,21 +102,34 @@ def chunked_dims(plan, expr):
         return None
     chunks = _chunks_of(expr, found)
     operand_dims = [carriers.get(v) if isinstance(v, TensorView) else None for v in expr.inputs]
-    return chunks, operand_dims, [carriers[t] for t in expr.tv_outputs]
+    rotation = next(((t, plan._stream_rotations[t]) for t in expr.tv_inputs + expr.tv_outputs
+                     if t in plan._stream_rotations), None)
+    return chunks, operand_dims, [carriers[t] for t in expr.tv_outputs], rotation
 
 
-def run_in_chunks(expr, args: list, ctx, chunks: int, operand_dims: list, result_dims: list) -> list:
-    """Evaluate `expr` chunk by chunk; the results are assembled along
-    their stream dims."""
+def chunk_order(chunks: int, ctx, rotation) -> list:
+    """The order this device visits the chunks: 0..chunks-1, rotated by its
+    coordinate on the swizzle's mesh axis (swizzle1d)."""
+    if rotation is None:
+        return list(range(chunks))
+    tv, mesh_axis = rotation
+    offset = ctx.coords(tv).get(mesh_axis, 0)
+    return [(i + offset) % chunks for i in range(chunks)]
+
+
+def run_in_chunks(expr, args: list, ctx, chunks: int, operand_dims: list, result_dims: list, rotation=None) -> list:
+    """Evaluate `expr` chunk by chunk (in the device's order); the results
+    are assembled along their stream dims."""
     extent = next(a.shape[d] for a, d in zip(args, operand_dims) if d is not None and isinstance(a, torch.Tensor))
-    pieces = []
-    for index in range(chunks):
-        size = -(-extent // chunks)  # nvFuser splits by ceilDiv
+    size = -(-extent // chunks)  # nvFuser splits by ceilDiv
+    pieces = {}
+    for index in chunk_order(chunks, ctx, rotation):
         start = index * size
         if start >= extent:
-            break
+            continue
         length = min(size, extent - start)
         chunk_args = [a.narrow(d, start, length) if d is not None and isinstance(a, torch.Tensor) else a
                       for a, d in zip(args, operand_dims)]
-        pieces.append(expr.op.evaluate(expr, chunk_args, ctx))
-    return [torch.cat([p[i] for p in pieces], dim=d) for i, d in enumerate(result_dims)]
+        pieces[index] = expr.op.evaluate(expr, chunk_args, ctx)
+    ordered = [pieces[i] for i in sorted(pieces)]
+    return [torch.cat([p[i] for p in ordered], dim=d) for i, d in enumerate(result_dims)]

@@ -367,9 +367,9 @@ def test_stream_axis_on_the_output_spreads_back_to_the_operands():
 
     original = streams.run_in_chunks
 
-    def spy(expr, args, ctx, chunks, operand_dims, result_dims):
+    def spy(expr, args, ctx, chunks, operand_dims, result_dims, rotation):
         calls.append((chunks, operand_dims, result_dims))
-        return original(expr, args, ctx, chunks, operand_dims, result_dims)
+        return original(expr, args, ctx, chunks, operand_dims, result_dims, rotation)
 
     streams.run_in_chunks = spy
     try:
@@ -392,3 +392,61 @@ def test_stream_axes_with_different_chunk_counts_are_an_error():
         out.axis(0).parallelize(nvfuser.ParallelType.stream)
     with pytest.raises(NvShardError, match=r"different numbers of chunks \[2, 3\]"):
         fd.execute([torch.randn(6, 4), torch.randn(5, 4)])
+
+
+def _column_parallel(t, h, swizzle: bool):
+    # upstream HEAD's column_parallel_linear_forward: the gathered input is
+    # stream-parallel over the devices' blocks, ring-ordered by swizzle1d
+    with FusionDefinition() as fd:
+        inp = fd.define_tensor((-1, h), contiguity=True, dtype=DataType.Float)
+        w = fd.define_tensor((4 * h, h), contiguity=True, dtype=DataType.Float)
+        gathered = fd.ops.set(inp)
+        fd.add_output(fd.ops.linear(gathered, w))
+        for tv in (inp, w):
+            tv.set_device_mesh(mesh())
+            tv.outer_split(0, D)
+            tv.axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+        gathered.set_device_mesh(mesh())
+        gathered.outer_split(0, D)
+        if swizzle:
+            gathered.swizzle1d(0, nvfuser.ParallelType.mesh_x)
+        gathered.axis(0).parallelize(nvfuser.ParallelType.stream)
+    return fd
+
+
+def test_swizzle1d_rotates_the_chunk_order_per_device():
+    from nvshard.runtime import streams
+
+    t, h = 24, 2
+    inp, w = torch.randn(t, h), torch.randn(4 * h, h)
+    orders = []
+    original = streams.chunk_order
+
+    def spy(chunks, ctx, rotation):
+        order = original(chunks, ctx, rotation)
+        orders.append((ctx.rank, order))
+        return order
+
+    streams.chunk_order = spy
+    try:
+        swizzled = nvfuser.simulate(_column_parallel(t, h, True), [inp, w], world_size=D)
+        orders_swizzled, orders[:] = list(orders), []
+        plain = nvfuser.simulate(_column_parallel(t, h, False), [inp, w], world_size=D)
+    finally:
+        streams.chunk_order = original
+    assert sorted(orders_swizzled) == [(r, [(r + i) % D for i in range(D)]) for r in range(D)]
+    assert sorted(orders) == [(r, list(range(D))) for r in range(D)]
+    expected = F.linear(inp, w)
+    torch.testing.assert_close(swizzled.output(0), expected)
+    torch.testing.assert_close(plain.output(0), expected)
+
+
+def test_swizzle1d_needs_a_mesh_axis():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8], dtype=DataType.Float)
+        fd.add_output(x)
+        with pytest.raises(NvShardError, match="set_device_mesh first"):
+            x.swizzle1d(0, nvfuser.ParallelType.mesh_x)
+        x.set_device_mesh(mesh())
+        with pytest.raises(NvShardError, match="needs a device parallel type"):
+            x.swizzle1d(0, nvfuser.ParallelType.stream)
