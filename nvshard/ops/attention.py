@@ -30,9 +30,9 @@ def _scalar_arg(fusion, value, name):
     return common.as_val(fusion, value)
 
 
-# elements of one block of attention scores (64 MiB in float; a block's
-# temporaries are a few times that)
-_BLOCK_ELEMENTS = 1 << 24
+# elements of one block of attention scores (16 MiB in float: one 2048x2048
+# head; a block's temporaries, kept for the backward, are a few times that)
+_BLOCK_ELEMENTS = 1 << 22
 
 
 def _local_indices(global_rows_shape, localize):
