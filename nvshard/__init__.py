@@ -9,7 +9,9 @@ from __future__ import annotations
 from . import multidevice
 from .frontend.fusion_definition import FusionDefinition, ops
 from .ir.dtypes import DataType
-from .ir.nodes import IterDomain, NvShardError, ParallelType, Scalar, TensorView
+from .ir.nodes import CudaRequiredError, IterDomain, MemoryType, NvShardError, ParallelType, Scalar, TensorView
+from .multidevice.communicator import CommunicatorBackend
+from .profiler import PythonProfiler
 from .api import execute_with_dtensors, propagate_shardings, simulate
 
 # Under mpirun, a rank that dies of an uncaught exception ends the whole job
@@ -20,11 +22,15 @@ if multidevice.Communicator.instance().size() > 1:
     abort_job_on_uncaught_exception()
 
 __all__ = [
+    "CommunicatorBackend",
+    "CudaRequiredError",
     "DataType",
     "FusionDefinition",
     "IterDomain",
+    "MemoryType",
     "NvShardError",
     "ParallelType",
+    "PythonProfiler",
     "Scalar",
     "TensorView",
     "execute_with_dtensors",

@@ -61,11 +61,16 @@ def _category(dt: DataType) -> int:
     return 2
 
 
-def promote(tensor_dtypes: list[DataType], scalar_dtypes: list[DataType]) -> DataType:
+def promote(tensor_dtypes: list[DataType], scalar_dtypes: list[DataType],
+            reduced_to_float: bool = False) -> DataType:
     """Result dtype of an elementwise op, following torch.result_type.
 
     Tensor operands decide the dtype unless a scalar operand belongs to a higher
     category (bool < integral < floating); then the category's default wins.
+    With `reduced_to_float` (nvFuser's computeTypes for arithmetic: binary
+    ops, neg, the float unary ops), a Half or BFloat16 common type becomes
+    Float: the op computes and returns Float. Ops that keep the operands'
+    dtype (where, relu, cat, ...) leave it False.
     """
     def fold(dtypes: list[DataType]) -> DataType:
         acc = dtypes[0].torch_dtype
@@ -74,11 +79,14 @@ def promote(tensor_dtypes: list[DataType], scalar_dtypes: list[DataType]) -> Dat
         return DataType.from_torch(acc)
 
     if not tensor_dtypes:
-        return fold(scalar_dtypes)
-    result = fold(tensor_dtypes)
-    top_scalar = max((_category(d) for d in scalar_dtypes), default=-1)
-    if top_scalar > _category(result):
-        result = DataType.Float if top_scalar == 2 else DataType.Int
+        result = fold(scalar_dtypes)
+    else:
+        result = fold(tensor_dtypes)
+        top_scalar = max((_category(d) for d in scalar_dtypes), default=-1)
+        if top_scalar > _category(result):
+            result = DataType.Float if top_scalar == 2 else DataType.Int
+    if reduced_to_float and result.is_reduced_precision:
+        result = DataType.Float
     return result
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
-from ..errors import NvShardError  # noqa: F401 - also imported from here by much of nvshard
+import torch
+
+from ..errors import CudaRequiredError, NvShardError  # noqa: F401 - also imported from here by much of nvshard
 from ..multidevice import layout
 from .dtypes import DataType
 from .sizes import Size, SizeQueries, Sym
@@ -46,6 +48,12 @@ class ParallelType(enum.Enum):
 ParallelType.DIDx = ParallelType.mesh_x
 ParallelType.DIDy = ParallelType.mesh_y
 ParallelType.DIDz = ParallelType.mesh_z
+
+
+# Where nvFuser allocates a tensor (`global` is a Python keyword, hence the
+# functional form). Only `symmetric` (memory every GPU of the job can
+# address) changes anything, and it needs CUDA.
+MemoryType = enum.Enum("MemoryType", [(n, n) for n in ("local", "shared", "global", "tensor", "symmetric")])
 
 
 class IterType(enum.Enum):
@@ -84,6 +92,8 @@ class IterDomain:
         self.is_remainder = is_remainder
         self.display = display
         self.owner: Optional["TensorView"] = None
+        # swizzle1d: the mesh parallel type whose device index rotates this axis
+        self.swizzle: Optional[ParallelType] = None
 
     def extent(self) -> Size:
         return self._extent
@@ -184,6 +194,7 @@ class TensorView(Val):
         self.contiguity = None
         self.stride_order = None
         self.is_cpu = False
+        self.memory_type = None
 
     # -- nvfuser_direct API ----------------------------------------------------
     def dtype(self) -> DataType:
@@ -257,6 +268,35 @@ class TensorView(Val):
             result[new] = self.loop[old]
         rest = iter(id_ for i, id_ in enumerate(self.loop) if i not in norm)
         self.loop = [r if r is not None else next(rest) for r in result]
+
+    def swizzle1d(self, axis: int, parallel_type: ParallelType) -> "TensorView":
+        """Rotate loop axis `axis` by the device index of `parallel_type`: on the
+        device at coordinate c, iteration i visits (i + c) mod extent (a ring,
+        so each device starts with its own chunk when the axis is stream-
+        parallel). The values computed do not change; the order does."""
+        n = len(self.loop)
+        if not -n <= axis < n:
+            raise NvShardError(f"{self.short_name()}: swizzle1d axis {axis} is out of range; the loop domain has {n} axes")
+        if not isinstance(parallel_type, ParallelType) or parallel_type.mesh_axis is None:
+            raise NvShardError(f"{self.short_name()}: swizzle1d needs a device parallel type (mesh_x/y/z), "
+                               f"got {parallel_type!r}")
+        if self.mesh is None or parallel_type.mesh_axis not in self.mesh.axis_names:
+            raise NvShardError(f"{self.short_name()}: swizzle1d over {parallel_type} needs a device mesh with that "
+                               f"axis; set_device_mesh first (mesh: {self.mesh})")
+        old = self.loop[axis % n]
+        new = IterDomain(self.fusion.next_id_number(), old.extent(), old.iter_type, old.expanded, old.logical_axis,
+                         old.path, old.is_remainder, old.display)
+        new.owner = self
+        new.swizzle = parallel_type
+        self.loop[axis % n] = new
+        return self
+
+    def set_memory_type(self, memory_type) -> None:
+        if not isinstance(memory_type, MemoryType):
+            raise NvShardError(f"{self.short_name()}: set_memory_type expects a MemoryType, got {memory_type!r}")
+        if memory_type is MemoryType.symmetric and not torch.cuda.is_available():
+            raise CudaRequiredError(f"needs CUDA: {self.short_name()} in symmetric memory (CUDA IPC / NVSHMEM)")
+        self.memory_type = memory_type
 
     def set_allocation_domain(self, ids, contiguity) -> None:
         self.allocation = list(ids)

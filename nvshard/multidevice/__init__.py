@@ -14,7 +14,8 @@ from .mesh import DeviceMesh
 
 def shard_tensor(t: torch.Tensor, tv, rank: Optional[int] = None) -> torch.Tensor:
     """This rank's shard of the unsharded tensor `t`, as `tv`'s annotation
-    lays it out (any split, inner or outer, on any mesh axis)."""
+    lays it out (any split, inner or outer, on any mesh axis); a view of `t`
+    where the layout allows one (outer splits), so sharding copies nothing."""
     if tv.mesh is None:
         return t
     rank = Communicator.instance().rank() if rank is None else rank
@@ -38,7 +39,7 @@ def shard_tensor(t: torch.Tensor, tv, rank: Optional[int] = None) -> torch.Tenso
                 f"{layout.describe(digits)} ({layout.local_numel_divisor(digits, sizes)} devices) does not divide"
             ) from None
         t = layout.take_local(t, d, segs, coords)
-    return t.contiguous()
+    return t
 
 
 def _bindings(extent, value: int) -> dict:
@@ -50,4 +51,13 @@ def _bindings(extent, value: int) -> dict:
     return {}
 
 
-__all__ = ["Communicator", "DeviceMesh", "shard_tensor"]
+def __getattr__(name: str):
+    # The executor lives in the runtime, which imports this package.
+    if name in ("MultiDeviceExecutor", "MultiDeviceExecutorParams"):
+        from ..runtime import executor
+
+        return getattr(executor, name)
+    raise AttributeError(f"module 'nvshard.multidevice' has no attribute {name!r}")
+
+
+__all__ = ["Communicator", "DeviceMesh", "MultiDeviceExecutor", "MultiDeviceExecutorParams", "shard_tensor"]

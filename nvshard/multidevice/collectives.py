@@ -54,7 +54,7 @@ class Collective:
     run: Callable  # (rt, step, src, dst, before, after): move this process's ranks' data
     # The exchange of buffers, per backend; None for local steps:
     simulate: Optional[Callable] = None  # (group, payload) -> {rank: result}, every rank in this process
-    distributed: Optional[Callable] = None  # (rank, process_group, group, payload) -> this rank's result
+    distributed: Optional[Callable] = None  # (rank, process_group or None alone, group, payload) -> this rank's result
     # Bytes a rank received, measured from the buffers: (group, rank, payload, results) -> bytes, or None for
     # a rank that only sends (a broadcast's root, a send's source)
     measured: Optional[Callable] = None
@@ -160,11 +160,11 @@ def _simulate_allgather(group, tensors):
 
 
 def _distributed_allgather(rank, pg, group, tensors):
-    import torch.distributed as dist
-
     t = tensors[rank].contiguous()
+    if pg is None:
+        return [t.clone()]
     pieces = [torch.empty_like(t) for _ in group]
-    dist.all_gather(pieces, t, group=pg)
+    pg.all_gather(pieces, t)
     return pieces
 
 
@@ -199,11 +199,11 @@ def _simulate_reduce_scatter(group, chunks):
 
 
 def _distributed_reduce_scatter(rank, pg, group, chunks):
-    import torch.distributed as dist
-
     mine = [c.contiguous() for c in chunks[rank]]
+    if pg is None:
+        return mine[0].clone()
     out = torch.empty_like(mine[group.index(rank)])
-    dist.reduce_scatter(out, mine, group=pg)
+    pg.reduce_scatter(out, mine)
     return out
 
 
@@ -232,10 +232,9 @@ def _simulate_allreduce(group, tensors):
 
 
 def _distributed_allreduce(rank, pg, group, tensors):
-    import torch.distributed as dist
-
     t = tensors[rank].contiguous().clone()
-    dist.all_reduce(t, group=pg)
+    if pg is not None:
+        pg.all_reduce(t)
     return t
 
 
@@ -280,11 +279,11 @@ def _simulate_all_to_all(group, chunks):
 
 
 def _distributed_all_to_all(rank, pg, group, chunks):
-    import torch.distributed as dist
-
     send = [c.contiguous() for c in chunks[rank]]
+    if pg is None:
+        return [send[0].clone()]
     recv = [torch.empty_like(c) for c in send]
-    dist.all_to_all(recv, send, group=pg)
+    pg.all_to_all(recv, send)
     return recv
 
 
@@ -323,10 +322,9 @@ def _simulate_broadcast(group, tensors):
 
 
 def _distributed_broadcast(rank, pg, group, tensors):
-    import torch.distributed as dist
-
     t = tensors[rank].contiguous().clone()
-    dist.broadcast(t, src=group[0], group=pg)
+    if pg is not None:
+        pg.broadcast(t, group[0])
     return t
 
 
@@ -364,16 +362,14 @@ def _simulate_send_recv(pair, tensors):
 
 
 def _distributed_send_recv(rank, pg, pair, tensors):
-    import torch.distributed as dist
-
     s, t = pair
     if s == t:
         return tensors[s].clone()
     if rank == s:
-        dist.send(tensors[s].contiguous(), t)
+        pg.isend(tensors[s].contiguous(), t).wait()
         return None  # a source receives nothing
     buf = torch.empty_like(tensors[t])
-    dist.recv(buf, s)
+    pg.irecv(buf, s).wait()
     return buf
 
 

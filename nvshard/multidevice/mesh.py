@@ -66,7 +66,8 @@ class DeviceMesh:
         return list(self._flat)
 
     def shard_tensor(self, t: torch.Tensor, axis: int, rank: Optional[int] = None) -> torch.Tensor:
-        """This rank's slice of `t` along `axis` (1-D meshes, like nvFuser)."""
+        """This rank's slice of `t` along `axis` (1-D meshes, like nvFuser): a
+        view of `t`, so sharding a big tensor copies nothing."""
         from .communicator import Communicator
 
         if self.ndim != 1:
@@ -77,7 +78,7 @@ class DeviceMesh:
         axis = axis % t.dim()
         if t.shape[axis] % self.size:
             raise NvShardError(f"axis {axis} of extent {t.shape[axis]} is not divisible by the mesh size {self.size}")
-        return t.chunk(self.size, dim=axis)[self._coords[rank][0]].contiguous()
+        return t.chunk(self.size, dim=axis)[self._coords[rank][0]]
 
     # -- axes by name ------------------------------------------------------------
     @property

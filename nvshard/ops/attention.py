@@ -41,32 +41,95 @@ def _scalar_arg(fusion, value, name):
     return common.as_val(fusion, value)
 
 
-def _dropout_mask(shape, p, seed, device):
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    keep = torch.rand(shape, generator=gen) >= p
-    return keep.to(device)
+# elements of one block of attention scores (16 MiB in float: one 2048x2048
+# head; a block's temporaries, kept for the backward, are a few times that)
+_BLOCK_ELEMENTS = 1 << 22
 
 
-def _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, global_rows_shape, localize):
-    """Float math attention. `global_rows_shape` is the global [*batch, L];
-    `localize(t)` cuts a global [*batch, L, S] tensor to this device's block."""
-    n_k = k.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if bias is not None:
-        scores = scores + bias
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    if is_causal:
-        causal = torch.ones(global_rows_shape[-1], n_k, dtype=torch.bool).tril()
-        causal = localize(causal.expand(*global_rows_shape, n_k))
-        scores = scores.masked_fill(~causal.to(scores.device), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1))
-    if dropout_p:
-        keep = localize(_dropout_mask(list(global_rows_shape) + [n_k], dropout_p, seed, "cpu"))
-        probs = probs * keep.to(probs.device) / (1.0 - dropout_p)
-    return torch.matmul(probs, v), lse
+def _local_indices(global_rows_shape, localize):
+    """Global (flat batch index, query row) of each local row: [B, lL] each,
+    B the local batch entries flattened. Built as [*batch, L, 1] index
+    tensors cut like the result, so any layout of the batch and query axes
+    works."""
+    batch, n_rows = list(global_rows_shape[:-1]), global_rows_shape[-1]
+    n_batch = math.prod(batch)
+    flat = torch.arange(n_batch).view(*batch, 1, 1).expand(*batch, n_rows, 1)
+    rows = torch.arange(n_rows).view(*([1] * len(batch)), n_rows, 1).expand(*batch, n_rows, 1)
+    flat, rows = localize(flat), localize(rows)
+    local_rows = flat.shape[-2]
+    return flat.reshape(-1, local_rows), rows.reshape(-1, local_rows)
+
+
+def _dropout_keep(seed: int, batch_index: int, rows: torch.Tensor, n_keys: int, p: float) -> torch.Tensor:
+    """Keep-mask of one (batch, head) entry's local rows: each entry draws its
+    own [L, S] numbers from (seed, entry), so every sharding sees the same
+    values and no rank draws the global tensor."""
+    gen = torch.Generator(device="cpu").manual_seed((int(seed) * 1_000_003 + int(batch_index)) % (1 << 63))
+    n_rows = int(rows.max()) + 1 if rows.numel() else 0
+    return torch.rand(n_rows, n_keys, generator=gen).index_select(0, rows) >= p
+
+
+def _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, global_rows_shape, localize, grad_out=None):
+    """Float math attention on this device's block, a few (batch, head)
+    entries at a time so memory stays bounded. `global_rows_shape` is the
+    global [*batch, L]; `localize(t)` cuts a global [*batch, L, X] tensor to
+    this device's block. Returns (out, logsumexp), or with `grad_out` the
+    gradients of q, k and v."""
+    lead, n_q, e = q.shape[:-2], q.shape[-2], q.shape[-1]
+    n_k, ev = k.shape[-2], v.shape[-1]
+    scale = 1.0 / math.sqrt(e) if scale is None else scale
+    flat_index, row_index = _local_indices(global_rows_shape, localize)
+    q3, k3, v3 = q.reshape(-1, n_q, e), k.reshape(-1, n_k, e), v.reshape(-1, n_k, ev)
+    full = (*lead, n_q, n_k)
+    bias3 = bias.expand(full).reshape(-1, n_q, n_k) if bias is not None else None
+    mask3 = mask.expand(full).reshape(-1, n_q, n_k) if mask is not None else None
+    g3 = grad_out.reshape(-1, n_q, ev) if grad_out is not None else None
+    n = q3.shape[0]
+    step = max(1, _BLOCK_ELEMENTS // max(1, n_q * n_k))
+    outs, lses, grads = [], [], ([], [], [])
+    for start in range(0, n, step):
+        sl = slice(start, min(n, start + step))
+        qb, kb, vb = q3[sl], k3[sl], v3[sl]
+        if grad_out is not None:
+            qb, kb, vb = (t.detach().requires_grad_(True) for t in (qb, kb, vb))
+        with torch.enable_grad() if grad_out is not None else torch.no_grad():
+            scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale
+            if bias3 is not None:
+                scores = scores + bias3[sl]
+            if mask3 is not None:
+                scores = scores.masked_fill(~mask3[sl], float("-inf"))
+            if is_causal:
+                keys = torch.arange(n_k, device=scores.device)
+                causal = keys.view(1, 1, n_k) <= row_index[sl].to(scores.device).unsqueeze(-1)
+                scores = scores.masked_fill(~causal, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)
+            probs = torch.exp(scores - lse.unsqueeze(-1))
+            if dropout_p:
+                keep = torch.stack([_dropout_keep(seed, flat_index[i, 0], row_index[i], n_k, dropout_p)
+                                    for i in range(sl.start, sl.stop)])
+                probs = probs * keep.to(probs.device) / (1.0 - dropout_p)
+            out = torch.matmul(probs, vb)
+        if grad_out is not None:
+            for acc, g in zip(grads, torch.autograd.grad(out, (qb, kb, vb), g3[sl])):
+                acc.append(g)
+        else:
+            outs.append(out)
+            lses.append(lse)
+    if grad_out is not None:
+        return [torch.cat(g).view(*t.shape) for g, t in zip(grads, (q, k, v))]
+    return torch.cat(outs).view(*lead, n_q, ev), torch.cat(lses).view(*lead, n_q)
+
+
+def _in_layout_of(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`t` laid out in memory like `ref` (same rank): nvFuser allocates
+    attention's output like the query and each gradient like its input, so
+    a [b, s, h, e]-ordered query gives a [b, s, h, e]-ordered output."""
+    if not isinstance(ref, torch.Tensor) or ref.dim() != t.dim() or ref.is_contiguous():
+        return t.contiguous()
+    # outermost first; ties (extent-1 axes) keep their logical order
+    order = sorted(range(ref.dim()), key=lambda d: (-ref.stride(d), d))
+    inverse = [order.index(d) for d in range(ref.dim())]
+    return t.permute(order).contiguous().permute(inverse)
 
 
 class SdpaFwdOp(OpSpec):
@@ -159,7 +222,8 @@ class SdpaFwdOp(OpSpec):
         out, lse = _attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed, rows, localize)
         seed_t = torch.tensor([seed, 0], dtype=torch.uint64)
         offset_t = torch.tensor(0, dtype=torch.uint64)
-        return [common.to_dtype(out, out_tv.dtype()), lse.float(), seed_t, offset_t]
+        out = _in_layout_of(common.to_dtype(out, out_tv.dtype()), tensors[0])
+        return [out, lse.float().contiguous(), seed_t, offset_t]
 
     def format(self, expr):
         # nvFuser's SdpaFwdOp::toString; it fills in dropout_p and is_causal when omitted.
@@ -226,13 +290,12 @@ class SdpaBwdOp(OpSpec):
         is_causal = bool(ctx.scalar(s["is_causal"])) if s["is_causal"] is not None else False
         scale = float(ctx.scalar(s["scale"])) if s["scale"] is not None else None
         seed = int(seed_t[0].item())
-        qf, kf, vf = (t.float().detach().requires_grad_(True) for t in (q, k, v))
         rows = ctx.global_shape(0)[:-1]  # grad_q is [*batch, L, E]
         localize = lambda t: ctx.localize(0, t, list(range(len(rows))) + [None])  # noqa: E731
-        with torch.enable_grad():
-            o, _ = _attention(qf, kf, vf, None, None, dropout_p, is_causal, scale, seed, rows, localize)
-            grads = torch.autograd.grad(o, (qf, kf, vf), grad_out.float())
-        return [common.to_dtype(g, t.dtype()) for g, t in zip(grads, expr.outputs)]
+        grads = _attention(q.float(), k.float(), v.float(), None, None, dropout_p, is_causal, scale, seed, rows,
+                           localize, grad_out=grad_out.float())
+        return [_in_layout_of(common.to_dtype(g, t.dtype()), like)
+                for g, t, like in zip(grads, expr.outputs, (q, k, v))]
 
     def format(self, expr):
         # nvFuser's SdpaBwdOp::toString

@@ -199,10 +199,11 @@ def to_dtype(t, dtype: DataType):
     return t
 
 
-def result_dtype(operands: Sequence) -> DataType:
+def result_dtype(operands: Sequence, reduced_to_float: bool = False) -> DataType:
+    """The operands' common dtype; see dtypes.promote for `reduced_to_float`."""
     tensors = [o.dtype() for o in operands if isinstance(o, TensorView)]
     scalars = [o.dtype() for o in operands if isinstance(o, Scalar)]
-    return promote(tensors, scalars)
+    return promote(tensors, scalars, reduced_to_float)
 
 
 # -- printing ------------------------------------------------------------------

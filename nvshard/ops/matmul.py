@@ -36,6 +36,13 @@ def _axes(fs):
 
 
 def _compute(args, out_dtype: DataType):
+    """Operands as the contraction takes them. When every floating operand
+    already has the result's reduced-precision dtype they stay as they are:
+    torch's bf16/fp16 matmuls accumulate in float and round once, as cuBLAS
+    does for nvFuser, and upcasting would double the weights' memory."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if out_dtype.is_reduced_precision and all(t.dtype == out_dtype.torch_dtype for t in tensors):
+        return list(args)
     return [common.upcast(a, out_dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
 
 
@@ -43,31 +50,39 @@ def _compute(args, out_dtype: DataType):
 
 
 class LinearOp(OpSpec):
+    chunkable = True
+
     def __init__(self):
         super().__init__("linear")
 
     def define(self, arg1, arg2, bias=None):
+        """arg1 [*a, k]; arg2 (the weight) [k] or [*w, n, k]; bias right-aligned
+        to [*w, n]. The result is [*w, *a, n, r{k}], as nvFuser's linear: the
+        weight's leading axes come first."""
         fusion = common.current_fusion(arg1, arg2)
         a = common.expect_tv(arg1, "linear", "arg1")
         w = common.expect_tv(arg2, "linear", "arg2")
         a_ids, w_ids = common.logical_shape(a), common.logical_shape(w)
-        if len(a_ids) < 1 or len(w_ids) not in (1, 2):
+        if len(a_ids) < 1 or len(w_ids) < 1:
             raise NvShardError(
-                f"linear: expects arg1 of rank >= 1 and a weight of rank 1 or 2; got {a.short_name()} rank "
+                f"linear: expects arg1 of rank >= 1 and a weight of rank >= 1; got {a.short_name()} rank "
                 f"{len(a_ids)} and {w.short_name()} rank {len(w_ids)}"
             )
         _unify_k(a_ids[-1], w_ids[-1], "linear", a, w)
-        ids = common.new_like_ids(fusion, a_ids[:-1])
+        ids = common.new_like_ids(fusion, w_ids[:-2]) + common.new_like_ids(fusion, a_ids[:-1])
         inputs = [a, w]
-        if len(w_ids) == 2:
-            ids.append(fusion.new_id(w_ids[0].extent()))
+        if len(w_ids) >= 2:
+            ids.append(fusion.new_id(w_ids[-2].extent()))
         if bias is not None:
             bias = common.expect_tv(bias, "linear", "bias")
             b_ids = common.logical_shape(bias)
-            if len(w_ids) == 2 and (len(b_ids) > 1 or (b_ids and not b_ids[0].is_broadcast() and
-                                                        not _try_unify(b_ids[0], w_ids[0]))):
+            expected = w_ids[:-1]
+            if len(w_ids) >= 2 and (len(b_ids) > len(expected) or not all(
+                    b.is_broadcast() or _try_unify(b, e) for b, e in zip(b_ids[::-1], expected[::-1]))):
+                shape = ", ".join(str(e.extent()) for e in expected)
                 raise NvShardError(
-                    f"linear: bias {bias.short_name()} must have shape [{w_ids[0].extent()}], got rank {len(b_ids)}"
+                    f"linear: bias {bias.short_name()} must have shape [{shape}] or a suffix of it, got "
+                    f"[{', '.join(str(b.extent()) for b in b_ids)}]"
                 )
             inputs.append(bias)
         ids.append(fusion.new_id(a_ids[-1].extent(), IterType.Reduction))
@@ -80,14 +95,19 @@ class LinearOp(OpSpec):
         a, w = expr.inputs[0], expr.inputs[1]
         a_ids, w_ids = common.logical_shape(a), common.logical_shape(w)
         batch = [_factor_or_none(rule, f"b{i}", id_) for i, id_ in enumerate(a_ids[:-1])]
+        w_batch = [_factor_or_none(rule, f"w{i}", id_) for i, id_ in enumerate(w_ids[:-2])]
         k = rule.add_factor("k", a_ids[-1].extent(), FactorKind.SUM)
-        n = rule.add_factor("n", w_ids[0].extent()) if len(w_ids) == 2 else None
+        n = rule.add_factor("n", w_ids[-2].extent()) if len(w_ids) >= 2 else None
         rule.operands.append(_axes(batch) + [(k,)])
-        rule.operands.append(([(n,)] if n is not None else []) + [(k,)])
-        result = _axes(batch) + ([(n,)] if n is not None else []) + [(k,)]
+        rule.operands.append(_axes(w_batch) + ([(n,)] if n is not None else []) + [(k,)])
+        result = _axes(w_batch) + _axes(batch) + ([(n,)] if n is not None else []) + [(k,)]
         if expr.attrs["has_bias"]:
             b_ids = common.logical_shape(expr.inputs[2])
-            rule.operands.append([() if (id_.is_broadcast() or n is None) else (n,) for id_ in b_ids])
+            if n is None:
+                rule.operands.append([() for _ in b_ids])
+            else:
+                targets = (w_batch + [n])[len(w_batch) + 1 - len(b_ids):]
+                rule.operands.append([() if id_.is_broadcast() else _axes([f])[0] for id_, f in zip(b_ids, targets)])
         rule.results.append(result)
         return rule
 
@@ -98,8 +118,25 @@ class LinearOp(OpSpec):
         # A partial product must add the bias once: on the first device of
         # each group that later sums the partials.
         if expr.attrs["has_bias"] and ctx.adds_unreduced_terms():
-            bias = _compute([args[2]], out.dtype())[0]
-        result = F.linear(a, w.to(a.dtype), None if bias is None else bias.to(a.dtype))
+            bias = _compute([args[2]], out.dtype())[0].to(a.dtype)
+        w = w.to(a.dtype)
+        if a.dim() == 2 and w.dim() == 2 and bias is None:
+            # allocate the result, then multiply into it (aten::mm with its
+            # output), as nvFuser's host IR allocates and then runs linear
+            result = torch.empty(a.shape[0], w.shape[0], dtype=a.dtype, device=a.device)
+            torch.mm(a, w.t(), out=result)
+        elif w.dim() <= 2:
+            result = F.linear(a, w, bias)
+        else:
+            # [*w, n, k]: one linear with the weight's leading axes folded into
+            # n, then those axes moved to the front.
+            w_batch, n = list(w.shape[:-2]), w.shape[-2]
+            if bias is not None:
+                bias = bias.expand(*w_batch, n).reshape(-1)
+            result = F.linear(a, w.reshape(-1, w.shape[-1]), bias)
+            result = result.view(*a.shape[:-1], *w_batch, n)
+            nb, na = len(w_batch), a.dim() - 1
+            result = result.permute(*range(na, na + nb), *range(na), na + nb)
         return [common.to_dtype(result, out.dtype())]
 
     def format(self, expr):
@@ -127,6 +164,7 @@ def _try_unify(a_id, b_id) -> bool:
 
 
 class MatmulOp(OpSpec):
+    chunkable = True
     """torch.matmul semantics, batch axes broadcast right-aligned."""
 
     def __init__(self):

@@ -52,18 +52,25 @@ def _finish(result, out, args, ctx=None):
 
 
 class UnaryOp(OpSpec):
-    def __init__(self, name, fn, printed, float_result: bool, inline: bool = False):
+    """float_result: integers and reduced precision become Float (nvFuser's
+    float ops); promotes: reduced precision becomes Float (neg); neither:
+    the dtype stays (relu, silu)."""
+
+    def __init__(self, name, fn, printed, float_result: bool, inline: bool = False, promotes: bool = False):
         super().__init__(name)
         self.fn = fn
         self.printed = printed
         self.float_result = float_result
         self.inline = inline
+        self.promotes = promotes
 
     def define(self, x):
         fusion = common.current_fusion(x)
         x = common.as_val(fusion, x)
         dtype = x.dtype()
         if self.float_result and not dtype.is_floating:
+            dtype = DataType.Float
+        if self.promotes and dtype.is_reduced_precision:
             dtype = DataType.Float
         if isinstance(x, Scalar):
             return _scalar_result(fusion, self, [x], dtype)
@@ -89,7 +96,7 @@ class UnaryOp(OpSpec):
         return f"{out}\n   = {rhs};\n"
 
 
-_UNARY = [
+_UNARY = [  # name, torch function, printed, float_result, inline
     ("relu", torch.relu, "relu", False, False),
     ("neg", torch.neg, "-", False, True),
     ("rsqrt", torch.rsqrt, "rsqrt", True, False),
@@ -99,8 +106,11 @@ _UNARY = [
     ("reciprocal", torch.reciprocal, "reciprocal", True, False),
 ]
 
+# nvFuser defines these without type promotion: bf16 in, bf16 out.
+_KEEP_REDUCED_PRECISION = {"relu", "silu"}
+
 for _name, _fn, _printed, _float, _inline in _UNARY:
-    _spec = register(UnaryOp(_name, _fn, _printed, _float, _inline))
+    _spec = register(UnaryOp(_name, _fn, _printed, _float, _inline, promotes=_name not in _KEEP_REDUCED_PRECISION))
     frontend(_name)(_spec.define)
 
 
@@ -196,7 +206,7 @@ class BinaryOp(OpSpec):
     def define(self, lhs, rhs):
         fusion = common.current_fusion(lhs, rhs)
         a, b = common.as_val(fusion, lhs), common.as_val(fusion, rhs)
-        dtype = DataType.Bool if self.bool_result else common.result_dtype([a, b])
+        dtype = DataType.Bool if self.bool_result else common.result_dtype([a, b], reduced_to_float=True)
         if not isinstance(a, TensorView) and not isinstance(b, TensorView):
             out = _scalar_result(fusion, self, [a, b], dtype)
             if self.name == "mul" and a.extent_size is not None and b.extent_size is not None:

@@ -78,6 +78,10 @@ class OpSpec:
     name: str = "?"
     is_communication = False
     rule_needs_sizes = False  # rule(expr, sizes) when concrete sizes change the rule
+    # evaluate() computes each block of a pass-through axis from the same block
+    # of its operands and asks ctx nothing about shapes: it may run in chunks
+    # along a stream-parallel axis (runtime/streams.py)
+    chunkable = False
 
     def __init__(self, name: str, *, rule=None, evaluate=None, format=None, legacy_reference_order=None):
         self.name = name

@@ -51,35 +51,34 @@ class SimulatedBackend(Backend):
 
 
 class TorchDistributedBackend(Backend):
-    """One rank per process: torch.distributed (gloo on CPU, NCCL on CUDA)."""
+    """One rank per process, on nvshard's own process groups (gloo on CPU,
+    NCCL on CUDA; runtime/distributed.py makes them without torch's default
+    group). `new_group(ranks)` gives the group of those global ranks."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, new_group, world):
         super().__init__()
         self.rank = rank
+        self._new_group = new_group
+        self._world = world
         self._groups: dict[tuple, object] = {}
 
     def prepare_groups(self, groups: list) -> None:
-        import torch.distributed as dist
-
         for g in groups:
             key = tuple(g)
-            if key not in self._groups:
-                self._groups[key] = dist.new_group(list(key)) if len(key) > 1 else None
+            if key not in self._groups and self.rank in key and len(set(key)) > 1:
+                self._groups[key] = self._new_group(list(key))
 
     def _group(self, group):
         key = tuple(group)
         if key not in self._groups:
-            raise RuntimeError(f"process group {key} was not prepared on every rank")
+            raise RuntimeError(f"process group {key} was not prepared on rank {self.rank}")
         return self._groups[key]
 
     def _exchange(self, c, group, payload):
-        result = c.distributed(self.rank, self._group(group), list(group), payload)
+        pg = self._group(group) if len(set(group)) > 1 else None  # a device alone needs no group
+        result = c.distributed(self.rank, pg, list(group), payload)
         return {} if result is None else {self.rank: result}
 
     def all_gather_object(self, obj) -> list:
         """Every rank's `obj` (picklable), in rank order, over the whole world."""
-        import torch.distributed as dist
-
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
+        return self._world.all_gather_object(obj)

@@ -7,10 +7,13 @@ ranks this process owns; communication exprs go through a Backend
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import torch
 
+from .. import profiler
+from . import streams
 from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar, TensorView
 from ..multidevice import layout
@@ -61,31 +64,20 @@ def run_program(plan, inputs_by_rank: dict, backend: Backend, device, execution_
             if isinstance(val, TensorView) and t is not None and on_rank(program.state[val], r):
                 rt.values[r][val] = t
     ctxs = {r: EvalContext(program, plan.sizes, r, device, execution_index) for r in rt.local_ranks}
-    for expr in program.exprs:
+    last_use = _last_uses(program)
+    keep = set(program.outputs)
+    for index, expr in enumerate(program.exprs):
         if not expr.tv_outputs:
             continue  # scalar arithmetic: evaluated once from the sizes
-        if expr.op.is_communication:
-            expr.op.run(expr, rt)
-            continue
-        out_state = program.state[expr.tv_outputs[0]]
-        for r in rt.local_ranks:
-            if not on_rank(out_state, r):
-                continue
-            args = []
-            for v in expr.inputs:
-                if isinstance(v, TensorView):
-                    if v not in rt.values[r]:
-                        raise NvShardError(f"rank {r}: {v.short_name()} is not available for {expr.op.name}")
-                    args.append(rt.values[r][v])
-                elif isinstance(v, Scalar):
-                    args.append(plan.sizes.scalar(v))
-                else:
-                    args.append(v)
-            ctx = ctxs[r]
-            ctx.bind(expr)
-            results = expr.op.evaluate(expr, args, ctx)
-            for i, (tv, t) in enumerate(zip(expr.tv_outputs, results)):
-                rt.values[r][tv] = localize_result_only(ctx, expr, i, t)
+        if profiler.active():
+            _profiled(rt, expr, ctxs)
+        else:
+            _run_expr(rt, expr, ctxs)
+        # drop what no later expr reads, so a rank holds only live tensors
+        for tv in expr.tv_inputs + expr.tv_outputs:
+            if last_use.get(tv, -1) <= index and tv not in keep:
+                for r in rt.local_ranks:
+                    rt.values[r].pop(tv, None)
     outputs = {}
     for r in rt.local_ranks:
         outs = []
@@ -96,6 +88,79 @@ def run_program(plan, inputs_by_rank: dict, backend: Backend, device, execution_
                 outs.append(torch.empty(0, dtype=tv.dtype().torch_dtype, device=device))
         outputs[r] = outs
     return outputs
+
+
+def _last_uses(program) -> dict:
+    """TensorView -> index of the last expr that reads it."""
+    last = {}
+    for index, expr in enumerate(program.exprs):
+        for tv in expr.tv_inputs:
+            last[tv] = index
+    return last
+
+
+def _run_expr(rt: RunState, expr, ctxs: dict) -> None:
+    plan, program = rt.plan, rt.program
+    if expr.op.is_communication:
+        expr.op.run(expr, rt)
+        return
+    out_state = program.state[expr.tv_outputs[0]]
+    chunking = streams.chunked_dims(plan, expr)  # a stream-parallel result: run in chunks
+    for r in rt.local_ranks:
+        if not on_rank(out_state, r):
+            continue
+        args = []
+        for v in expr.inputs:
+            if isinstance(v, TensorView):
+                if v not in rt.values[r]:
+                    raise NvShardError(f"rank {r}: {v.short_name()} is not available for {expr.op.name}")
+                args.append(rt.values[r][v])
+            elif isinstance(v, Scalar):
+                args.append(plan.sizes.scalar(v))
+            else:
+                args.append(v)
+        ctx = ctxs[r]
+        ctx.bind(expr)
+        if chunking is not None:
+            results = streams.run_in_chunks(expr, args, ctx, *chunking)
+        else:
+            results = expr.op.evaluate(expr, args, ctx)
+        for i, (tv, t) in enumerate(zip(expr.tv_outputs, results)):
+            rt.values[r][tv] = localize_result_only(ctx, expr, i, t)
+
+
+_SCHEDULERS = {"pointwise": "pointwise", "reduction": "reduction"}
+
+
+def _moves_nothing(rt: RunState, expr) -> bool:
+    step = expr.attrs.get("step")
+    mesh = rt.program.state[expr.tv_outputs[0]].mesh
+    if step is None or mesh is None or expr.op.name in ("broadcast", "send_recv"):
+        return False
+    return step.mesh_axis is None or mesh.axis_size(step.mesh_axis) == 1
+
+
+def _profiled(rt: RunState, expr, ctxs: dict) -> None:
+    """Run one expr and record it with the open PythonProfilers."""
+    before = {r: rt.backend.received.get(r, 0.0) for r in rt.local_ranks}
+    start = time.perf_counter()
+    _run_expr(rt, expr, ctxs)
+    elapsed_ms = (time.perf_counter() - start) * 1e3
+    family = type(expr.op).__module__.rsplit(".", 1)[-1]
+    scheduler = "communication" if expr.op.is_communication else _SCHEDULERS.get(family, "expr_eval")
+    if expr.op.name == "slice":
+        scheduler = "expr_eval"  # a local slice moves no data
+    elif expr.op.is_communication and _moves_nothing(rt, expr):
+        return  # a collective over one device: nvFuser lowers no communication for it
+
+    def nbytes(tvs):
+        return sum(t.numel() * t.element_size() for r in rt.local_ranks for tv in tvs
+                   if isinstance(t := rt.values[r].get(tv), torch.Tensor))
+
+    profiler.record(profiler.KernelProfile(
+        name=expr.op.name, scheduler=scheduler, segment_id=0, device=rt.local_ranks[0] if rt.local_ranks else 0,
+        time_ms=elapsed_ms, input_bytes=nbytes(expr.tv_inputs), output_bytes=nbytes(expr.tv_outputs),
+        received_bytes=sum(rt.backend.received.get(r, 0.0) - before[r] for r in rt.local_ranks)))
 
 
 class FusionExecutor:
@@ -192,3 +257,42 @@ def global_input_shapes(fusion, inputs: list, rank: int):
                 shape[d] *= layout.local_numel_divisor(digits, sizes) if digits else 1
         shapes.append(shape)
     return shapes, scalars
+
+
+class MultiDeviceExecutorParams:
+    """nvfuser_direct.multidevice.MultiDeviceExecutorParams. backend_type
+    picks the communicator library (nccl and ucc: nvshard's process groups;
+    cuda needs CUDA devices). The stream options shape how nvFuser overlaps
+    chunks on CUDA streams; on CPU, chunks run in order and give the same
+    results, so they are accepted and recorded."""
+
+    def __init__(self):
+        from ..multidevice.communicator import CommunicatorBackend
+
+        self.backend_type = CommunicatorBackend.nccl
+        self.use_allocation_cache = False
+        self.offset_stream_indexing_by_rank = False
+        self.number_of_streams = 3
+        self.inter_stream_synchronization = False
+
+
+class MultiDeviceExecutor:
+    """nvfuser_direct.multidevice.MultiDeviceExecutor: runs a fusion on this
+    rank's input shards, like fd.execute."""
+
+    def __init__(self, fusion, params: Optional[MultiDeviceExecutorParams] = None):
+        from ..ir.nodes import CudaRequiredError, Fusion
+        from ..multidevice.communicator import CommunicatorBackend
+
+        if not isinstance(fusion, Fusion):
+            raise NvShardError(f"MultiDeviceExecutor expects fd.fusion, got {type(fusion).__name__}")
+        self.params = params if params is not None else MultiDeviceExecutorParams()
+        if not isinstance(self.params.backend_type, CommunicatorBackend):
+            raise NvShardError(f"MultiDeviceExecutorParams.backend_type must be a CommunicatorBackend, "
+                               f"got {self.params.backend_type!r}")
+        if self.params.backend_type is CommunicatorBackend.cuda and not torch.cuda.is_available():
+            raise CudaRequiredError("needs CUDA: CommunicatorBackend.cuda (copy engines and CUDA IPC between GPUs)")
+        self._executor = FusionExecutor(fusion)
+
+    def run(self, args) -> list:
+        return self._executor.execute(list(args))

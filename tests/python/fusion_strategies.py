@@ -579,6 +579,8 @@ class _Gen:
         assert axes is not None, (op, args)
         if dtype is None:
             dtype = _promote([o.dtype for o in outs])
+            if dtype.is_reduced_precision and op not in ("relu", "silu"):
+                dtype = DataType.Float  # nvFuser's arithmetic computes and returns Float
         exact = all(o.exact for o in outs)
         lowp = any(o.lowp for o in outs) or dtype.is_reduced_precision
         params = {"dtype": dtype} if op == "cast" else {}
