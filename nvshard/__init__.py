@@ -11,6 +11,7 @@ from .frontend.fusion_definition import FusionDefinition, ops
 from .ir.dtypes import DataType
 from .ir.nodes import IterDomain, NvShardError, ParallelType, Scalar, TensorView
 from .api import execute_with_dtensors, propagate_shardings, simulate
+from .visualize import sharding_text, visualize_sharding
 
 # Under mpirun, a rank that dies of an uncaught exception ends the whole job
 # (MPI_Abort) instead of leaving its peers waiting in a collective.
@@ -31,5 +32,7 @@ __all__ = [
     "multidevice",
     "ops",
     "propagate_shardings",
+    "sharding_text",
     "simulate",
+    "visualize_sharding",
 ]
