@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 import nvshard as nvfuser  # noqa: E402
 from nvshard import DataType, FusionDefinition  # noqa: E402
@@ -356,7 +357,7 @@ def main(argv=None) -> int:
                                                             for s in args.only.split(","))]
     rows = []
     start = time.perf_counter()
-    for case in selected:
+    for case in tqdm(selected, desc="bench_comm", unit="case", disable=None):  # quiet unless on a terminal
         row = dict(program=case.program, variant=case.variant, mesh=list(case.mesh_shape))
         try:
             fd, shapes, data = case.build(False)
