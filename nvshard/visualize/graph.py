@@ -49,10 +49,9 @@ def tv_node_id(tv: TensorView) -> str:
 
 def edge_color(digit_axes) -> str:
     """Graphviz colour list: one parallel line per mesh axis, grey if none."""
-    axes = [a for a in digit_axes]
-    if not axes:
+    if not digit_axes:
         return REPLICATED_COLOR
-    return ":".join(AXIS_COLORS[a] for a in axes)
+    return ":".join(AXIS_COLORS[a] for a in digit_axes)
 
 
 class _PlanView:

@@ -213,3 +213,29 @@ def test_uneven_shard_is_an_error(world):
     with pytest.raises(NvShardError, match=r"T0: the DTensor's dim 0 has extent \d+, which its Shard placements "
                                            rf"\({world} devices\) do not divide evenly"):
         nvfuser.execute_with_dtensors(fd, [x_dt])
+
+
+@pytest.mark.mpi
+def test_output_on_another_mesh(world):
+    """The output is annotated on a 1-D mesh of the same devices: it comes back on a
+    torch DeviceMesh made for that mesh (once: a second run reuses it)."""
+    _need(world, 2, "a 2-D mesh")
+    mesh_1d = nvfuser.multidevice.DeviceMesh(torch.arange(world))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 3], dtype=DataType.Float)
+        y = fd.ops.mul(x, 2.0)
+        fd.add_output(y)
+        y.set_device_mesh(mesh_1d)
+        y.outer_split(0, world)
+        y.axis(0).parallelize(PT.mesh_x)
+    torch.manual_seed(6)
+    xt = torch.randn(2 * world, 3)
+    mesh_2d = init_device_mesh("cpu", [world // 2, 2], mesh_dim_names=["dp", "tp"])
+    x_dt = distribute_tensor(xt, mesh_2d, [Shard(0), Replicate()])
+    (out,) = nvfuser.execute_with_dtensors(fd, [x_dt])
+    assert nvfuser.multidevice.DeviceMesh.from_torch(out.device_mesh) == mesh_1d
+    assert out.placements == (Shard(0),) and out.to_local().shape == (2, 3)
+    torch.testing.assert_close(out.full_tensor(), xt * 2)
+    assert [c.kind for c in fd._executor.last_plan.communications] == ["allgather", "broadcast"]
+    (again,) = nvfuser.execute_with_dtensors(fd, [x_dt])
+    assert again.device_mesh is out.device_mesh
