@@ -24,29 +24,38 @@ from ..multidevice import layout
 MAX_RUNS = 8  # blocks shown per axis; a longer (cyclic) pattern is cut with an ellipsis
 
 
-def _owner_runs(digits, extent: int, mesh_sizes: dict, bindings) -> list:
+def _owner(segs: list, e: int) -> dict:
+    """The mesh coordinates owning element e of an axis laid out as segs."""
+    owner = {}
+    for name, size in reversed(segs):
+        if name is not None:
+            owner[name] = e % size
+        e //= size
+    return owner
+
+
+def _owner_runs(digits, extent: int, mesh_sizes: dict, bindings, limit: int) -> list:
     """[(start, stop, {mesh axis: coordinate})] runs of consecutive elements
-    with the same owners along one axis."""
+    with the same owners along one axis; at most limit + 1 of them, the last
+    reaching the end of the axis."""
     segs = layout.segments(digits, extent, mesh_sizes, bindings)
+    # owners change only every `step` elements: the local block inside the innermost mesh digit
+    step = 1
+    for name, size in reversed(segs):
+        if name is not None:
+            break
+        step *= size
     runs: list = []
-    for e in range(extent):
-        rest, owner = e, {}
-        for name, size in reversed(segs):
-            if name is not None:
-                owner[name] = rest % size
-            rest //= size
+    for e in range(0, extent, step):
+        owner = _owner(segs, e)
         if runs and runs[-1][2] == owner:
-            runs[-1][1] = e + 1
+            runs[-1][1] = e + step
+        elif len(runs) == limit:
+            runs.append([e, extent, None])  # the rest, not drawn
+            break
         else:
-            runs.append([e, e + 1, owner])
+            runs.append([e, e + step, owner])
     return [tuple(r) for r in runs]
-
-
-def _owner_of(digits, extent: int, index: int, mesh_sizes: dict, bindings) -> dict:
-    for start, stop, owner in _owner_runs(digits, extent, mesh_sizes, bindings):
-        if start <= index < stop:
-            return owner
-    raise NvShardError(f"index {index} is outside the axis of extent {extent}")
 
 
 class ShardingPicture:
@@ -84,18 +93,15 @@ class ShardingPicture:
         fixed: dict = {}
         for d in range(ndim):
             if d not in dims and self.layouts[d]:
-                fixed.update(_owner_of(self.layouts[d], shape[d], index[d], mesh_sizes, bindings))
-        self.runs = [_owner_runs(self.layouts[d], shape[d], mesh_sizes, bindings) for d in dims]
+                fixed.update(_owner(layout.segments(self.layouts[d], shape[d], mesh_sizes, bindings), index[d]))
+        self.runs = [_owner_runs(self.layouts[d], shape[d], mesh_sizes, bindings, MAX_RUNS) for d in dims]
         self.pending = state.pending(tv)
         self.cells = []
         row_runs = self.runs[0] if len(dims) == 2 else [(0, 1, {})]
         col_runs = self.runs[-1]
-        for _, _, row_owner in row_runs:
-            row = []
-            for _, _, col_owner in col_runs:
-                want = {**fixed, **row_owner, **col_owner}
-                row.append(self._devices(want))
-            self.cells.append(row)
+        for _, _, row_owner in row_runs[:MAX_RUNS]:
+            self.cells.append([self._devices({**fixed, **row_owner, **col_owner})
+                               for _, _, col_owner in col_runs[:MAX_RUNS]])
 
     def _devices(self, want: dict) -> list:
         if self.mesh is None:

@@ -99,14 +99,15 @@ def test_triangle_graph_structure():
 def test_triangle_annotations_conflicts_and_priorities():
     plan, inputs, matmul_out = triangle_plan()
     nodes, _ = parse_dot(plan.to_dot())
-    annotated = {n for n, a in nodes.items() if a.endswith(f'color="{graph.ANNOTATION_COLOR}" penwidth=3 shape=box style=rounded')}
+    border = 'color="{}" penwidth=3 shape=box style=rounded'
+    annotated = {n for n, a in nodes.items() if a.endswith(border.format(graph.ANNOTATION_COLOR))}
     assert annotated == {f"T{tv.number}" for tv in inputs.values()}
     for tv in inputs.values():
         assert "user annotation, priority 0" in text_of(nodes[f"T{tv.number}"])
     z_in = text_of(nodes[f"T{inputs['z_in'].number}"])
     assert "T0 float[2, 64, 64, 128] (input)" in z_in
     assert "axis 1 [64] DIDy (2) [32]" in z_in and "axis 3 [128] replicated" in z_in
-    conflicted = {n for n, a in nodes.items() if a.endswith(f'color="{graph.CONFLICT_COLOR}" penwidth=3 shape=box style=rounded')}
+    conflicted = {n for n, a in nodes.items() if a.endswith(border.format(graph.CONFLICT_COLOR))}
     assert conflicted == {f"T{matmul_out.number}"}
     label = text_of(nodes[f"T{matmul_out.number}"])
     assert "conflict, 2 candidates; winner: candidate A because fewer bytes" in label
