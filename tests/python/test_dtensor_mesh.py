@@ -16,8 +16,10 @@ from nvshard.ir.sizes import Size
 
 @pytest.fixture
 def fake_world():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        pytest.skip("this torch has no fake process group (torch.testing._internal.distributed.fake_pg)")
     if dist.is_initialized():
         pytest.skip("torch.distributed is already initialised in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
@@ -70,3 +72,20 @@ def test_annotate_from_dtensor(fake_world):
         with pytest.raises(NvShardError, match=r"T0: the DTensor's dim 0 has extent 9, which its Shard placements "
                                                r"\(8 devices\) do not divide evenly"):
             annotate_from_dtensor(y, uneven)
+
+
+def test_execute_with_dtensors_input_errors(fake_world):
+    torch_mesh = TorchDeviceMesh("cpu", torch.arange(8).reshape(2, 4))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 4], dtype=DataType.Float)
+        fd.add_output(fd.ops.relu(x))
+        x.set_device_mesh(nvfuser.multidevice.DeviceMesh(torch.arange(8)))
+    dt = DTensor.from_local(torch.zeros(2, 4), torch_mesh, [Shard(0), Replicate()], run_check=False,
+                            shape=torch.Size([4, 4]), stride=(4, 1))
+    with pytest.raises(NvShardError, match=r"T0 is annotated on DeviceMesh\{0 1 2 3 4 5 6 7\}, but its DTensor is on "
+                                           r"DeviceMesh\{\{0 1 2 3\}\{4 5 6 7\}\}"):
+        nvfuser.execute_with_dtensors(fd, [dt])
+    with pytest.raises(NvShardError, match=r"T0: execute_with_dtensors needs a DTensor, got Tensor"):
+        nvfuser.execute_with_dtensors(fd, [torch.zeros(4, 4)])
+    with pytest.raises(NvShardError, match=r"the fusion has 1 inputs but execute_with_dtensors got 2"):
+        nvfuser.execute_with_dtensors(fd, [dt, dt])
