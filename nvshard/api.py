@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .ir.nodes import NvShardError, Scalar, TensorView
+from .ir.nodes import NvShardError, ParallelType, Scalar, TensorView
 from . import multidevice
 from .multidevice import layout, shard_tensor
 
@@ -123,6 +123,9 @@ def simulate(fd, inputs: list, world_size: Optional[int] = None, propagation: Op
 # (mesh axes outer first, then the local block). Partial is a pending sum.
 
 
+_MESH_PARALLEL_TYPES = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
+
+
 def placements_from_layouts(tv_name: str, mesh, layouts: list, pending=()) -> list:
     """DTensor placements, one per mesh dim, for per-dim layouts (non-reduction
     axes) and the mesh axes holding pending sums."""
@@ -167,12 +170,14 @@ def annotate_from_dtensor(tv: TensorView, dtensor) -> None:
     """Give `tv` the mesh and layout of `dtensor`: Shard(d) becomes an outer split
     of axis d parallelized on the mesh dim's axis (nested for several mesh dims),
     Replicate and Partial leave the axis whole (a Partial input is summed first)."""
+    from torch.distributed.tensor import Shard
+
     mesh = multidevice.DeviceMesh.from_torch(dtensor.device_mesh)
     if dtensor.dim() != tv.ndim:
         raise NvShardError(f"{tv.short_name()} has rank {tv.ndim}; got a DTensor of shape {tuple(dtensor.shape)}")
     by_dim: dict = {}
     for i, p in enumerate(dtensor.placements):
-        if p.is_shard():
+        if type(p) is Shard:  # not a subclass such as _StridedShard, whose chunks interleave
             by_dim.setdefault(p.dim % tv.ndim, []).append(i)
         elif not (p.is_replicate() or p.is_partial()):
             raise NvShardError(f"{tv.short_name()}: DTensor placement {p} on mesh dim {i} is not supported "
@@ -184,14 +189,8 @@ def annotate_from_dtensor(tv: TensorView, dtensor) -> None:
         pos = d
         for i in by_dim[d]:
             tv.outer_split(pos, mesh.shape[i])
-            tv.axis(pos).parallelize(_parallel_types()[mesh.axis_names[i]])
+            tv.axis(pos).parallelize(_MESH_PARALLEL_TYPES[mesh.axis_names[i]])
             pos += 1
-
-
-def _parallel_types():
-    from .ir.nodes import ParallelType
-
-    return {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
 
 
 def execute_with_dtensors(fd, in_dtensors) -> list:

@@ -89,3 +89,17 @@ def test_execute_with_dtensors_input_errors(fake_world):
         nvfuser.execute_with_dtensors(fd, [torch.zeros(4, 4)])
     with pytest.raises(NvShardError, match=r"the fusion has 1 inputs but execute_with_dtensors got 2"):
         nvfuser.execute_with_dtensors(fd, [dt, dt])
+
+
+def test_strided_shard_is_refused(fake_world):
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    torch_mesh = TorchDeviceMesh("cpu", torch.arange(8).reshape(2, 4))
+    dt = DTensor.from_local(torch.zeros(2, 4), torch_mesh, [_StridedShard(0, split_factor=4), Shard(0)],
+                            run_check=False, shape=torch.Size([16, 4]), stride=(4, 1))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 4], dtype=DataType.Float)
+        fd.add_output(fd.ops.relu(x))
+        with pytest.raises(NvShardError, match=r"T0: DTensor placement .* on mesh dim 0 is not supported "
+                                               r"\(Shard, Replicate or Partial\)"):
+            annotate_from_dtensor(x, dt)
