@@ -13,6 +13,7 @@ from .ir.nodes import CudaRequiredError, IterDomain, MemoryType, NvShardError, P
 from .multidevice.communicator import CommunicatorBackend
 from .profiler import PythonProfiler
 from .api import execute_with_dtensors, propagate_shardings, simulate
+from .visualize import sharding_text, visualize_sharding
 
 # Under mpirun, a rank that dies of an uncaught exception ends the whole job
 # (MPI_Abort) instead of leaving its peers waiting in a collective.
@@ -37,5 +38,7 @@ __all__ = [
     "multidevice",
     "ops",
     "propagate_shardings",
+    "sharding_text",
     "simulate",
+    "visualize_sharding",
 ]

@@ -7,7 +7,8 @@ from typing import Optional
 
 import torch
 
-from .ir.nodes import NvShardError, Scalar, TensorView
+from .ir.nodes import NvShardError, ParallelType, Scalar, TensorView
+from . import multidevice
 from .multidevice import layout, shard_tensor
 
 
@@ -114,31 +115,173 @@ def simulate(fd, inputs: list, world_size: Optional[int] = None, propagation: Op
     return Simulation(plan, outputs, dict(backend.received), list(backend.calls))
 
 
-def execute_with_dtensors(fd, in_dtensors):
-    """Run on DTensor inputs (their local shards); return DTensor outputs with
-    the placements the plan gave the outputs."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+# -- DTensor -------------------------------------------------------------------------
+#
+# torch mesh dim i is nvshard mesh axis axis_names[i] (a 3-D torch mesh's dims are
+# z, y, x; a 1-D one's only dim is x). Shard(d) on several torch mesh dims nests them,
+# the lowest torch dim outermost, as torch chunks them; that is nvshard's layout
+# (mesh axes outer first, then the local block). Partial is a pending sum.
+
+
+_MESH_PARALLEL_TYPES = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
+
+
+def placements_from_layouts(tv_name: str, mesh, layouts: list, pending=()) -> list:
+    """DTensor placements, one per mesh dim, for per-dim layouts (non-reduction
+    axes) and the mesh axes holding pending sums."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    placements: list = [Replicate() for _ in mesh.axis_names]
+    for d, digits in enumerate(layouts):
+        if not digits:
+            continue
+        names = layout.mesh_axes_of(digits)
+        dims = [mesh.axis_names.index(m) for m in names]
+        # representable: mesh digits first, in torch dim order, then one local block
+        mesh_first = all(isinstance(x, str) for x in digits[: len(names)])
+        if not mesh_first or dims != sorted(dims):
+            raise NvShardError(
+                f"{tv_name}: axis {d} is laid out as {layout.describe(digits)}, which no DTensor placement "
+                f"expresses (Shard nests mesh dims outer to inner in mesh-dim order: "
+                f"{'*'.join('DID' + mesh.axis_names[i] for i in sorted(dims))})"
+            )
+        for i in dims:
+            placements[i] = Shard(d)
+    for m in pending:
+        placements[mesh.axis_names.index(m)] = Partial()
+    return placements
+
+
+def _check_dtensor_shape(tv, dtensor, mesh) -> None:
+    sizes = mesh.axis_sizes()
+    for d in range(dtensor.dim()):
+        devices = 1
+        for i, p in enumerate(dtensor.placements):
+            if p.is_shard() and p.dim % dtensor.dim() == d:
+                devices *= sizes[mesh.axis_names[i]]
+        if dtensor.shape[d] % devices:
+            raise NvShardError(
+                f"{tv.short_name()}: the DTensor's dim {d} has extent {dtensor.shape[d]}, which its Shard placements "
+                f"({devices} devices) do not divide evenly; nvshard needs even shards"
+            )
+
+
+def annotate_from_dtensor(tv: TensorView, dtensor) -> None:
+    """Give `tv` the mesh and layout of `dtensor`: Shard(d) becomes an outer split
+    of axis d parallelized on the mesh dim's axis (nested for several mesh dims),
+    Replicate and Partial leave the axis whole (a Partial input is summed first)."""
+    from torch.distributed.tensor import Shard
+
+    mesh = multidevice.DeviceMesh.from_torch(dtensor.device_mesh)
+    if dtensor.dim() != tv.ndim:
+        raise NvShardError(f"{tv.short_name()} has rank {tv.ndim}; got a DTensor of shape {tuple(dtensor.shape)}")
+    by_dim: dict = {}
+    for i, p in enumerate(dtensor.placements):
+        if type(p) is Shard:  # not a subclass such as _StridedShard, whose chunks interleave
+            by_dim.setdefault(p.dim % tv.ndim, []).append(i)
+        elif not (p.is_replicate() or p.is_partial()):
+            raise NvShardError(f"{tv.short_name()}: DTensor placement {p} on mesh dim {i} is not supported "
+                               f"(Shard, Replicate or Partial)")
+    _check_dtensor_shape(tv, dtensor, mesh)
+    tv.set_device_mesh(mesh)
+    # split the highest axes first so the loop positions of the lower ones stay put
+    for d in sorted(by_dim, reverse=True):
+        pos = d
+        for i in by_dim[d]:
+            tv.outer_split(pos, mesh.shape[i])
+            tv.axis(pos).parallelize(_MESH_PARALLEL_TYPES[mesh.axis_names[i]])
+            pos += 1
+
+
+def execute_with_dtensors(fd, in_dtensors) -> list:
+    """Run `fd` on DTensors; returns one DTensor per fusion output.
+
+    Inputs may live on 1-, 2- or 3-D torch DeviceMeshes with Shard, Replicate
+    or Partial on any mesh dim. An input the definition left unannotated takes
+    its DTensor's mesh and layout (annotate_from_dtensor); an annotated one
+    whose DTensor is laid out differently is redistributed to the annotation by
+    torch on the DTensor's own mesh (so is any Partial input: the fusion
+    starts from whole values). Outputs carry the layout the plan gave them, as
+    Shard/Replicate (Partial for a pending sum), on the inputs' DeviceMesh
+    object when the output's mesh is one of theirs, else on a new torch
+    DeviceMesh over the output's devices."""
+    from torch.distributed.tensor import DTensor, Replicate
 
     in_dtensors = list(in_dtensors)
-    outs = fd.execute([d.to_local() for d in in_dtensors])
+    vals = fd.fusion.inputs()
+    if len(in_dtensors) != len(vals):
+        raise NvShardError(f"the fusion has {len(vals)} inputs but execute_with_dtensors got {len(in_dtensors)}")
+    torch_meshes: dict = {}  # nvshard mesh -> the first input's torch DeviceMesh object on it
+    annotated_now = False
+    for tv, dt in zip(vals, in_dtensors):
+        if not isinstance(tv, TensorView):
+            continue
+        if not isinstance(dt, DTensor):
+            raise NvShardError(f"{tv.short_name()}: execute_with_dtensors needs a DTensor, got {type(dt).__name__}")
+        mesh = multidevice.DeviceMesh.from_torch(dt.device_mesh)
+        torch_meshes.setdefault(mesh, dt.device_mesh)
+        if tv.mesh is None:
+            annotate_from_dtensor(tv, dt)
+            annotated_now = True
+    if annotated_now:
+        from .preseg.validate import validate_annotations
+
+        validate_annotations(fd.fusion)
+        fd._executor = None  # plans made before these annotations no longer hold
+
+    local = []
+    for tv, dt in zip(vals, in_dtensors):
+        if not isinstance(tv, TensorView):
+            local.append(dt)
+            continue
+        mesh = multidevice.DeviceMesh.from_torch(dt.device_mesh)
+        if mesh != tv.mesh:
+            raise NvShardError(f"{tv.short_name()} is annotated on {tv.mesh}, but its DTensor is on {mesh}")
+        want = placements_from_layouts(tv.short_name(), mesh, [tv.layouts()[k] for k in tv.non_reduction_axes()])
+        if tuple(dt.placements) != tuple(want):
+            dt = dt.redistribute(dt.device_mesh, want)
+        _check_dtensor_shape(tv, dt, mesh)
+        local.append(dt.to_local())
+
+    outs = fd.execute(local)
     plan = fd._executor.last_plan
-    device_type = in_dtensors[0].device.type if in_dtensors else "cpu"
+    first = next((dt for dt in in_dtensors if isinstance(dt, DTensor)), None)
+    device_type = first.device_mesh.device_type if first is not None else "cpu"
     result = []
     for tv, t in zip(plan.program.outputs, outs):
         state = plan.program.state[tv]
-        mesh = state.mesh
-        shape = mesh.shape if mesh is not None else (1,)
-        torch_mesh = init_device_mesh(device_type, shape)
-        placements = []
-        for name in (mesh.axis_names if mesh is not None else ("x",)):
-            axis = None
-            for d, k in enumerate(tv.non_reduction_axes()):
-                digits = state.layouts[k]
-                if name in layout.mesh_axes_of(digits):
-                    if digits[0] != name or len(layout.mesh_axes_of(digits)) > 1:
-                        raise NvShardError(f"{tv.short_name()}: layout {layout.describe(digits)} has no DTensor placement")
-                    axis = d
-            placements.append(Shard(axis) if axis is not None else Replicate())
-        result.append(DTensor.from_local(t, torch_mesh, placements))
+        shape = plan.sizes.global_shape(tv)
+        stride = _contiguous_stride(shape)
+        if state.mesh is None:  # the same value on every device
+            if first is None:
+                raise NvShardError(f"{tv.short_name()}: no DTensor input to take a DeviceMesh from")
+            torch_mesh, placements = first.device_mesh, [Replicate()] * first.device_mesh.ndim
+        else:
+            torch_mesh = torch_meshes.get(state.mesh) or _torch_mesh(state.mesh, device_type, first)
+            placements = placements_from_layouts(tv.short_name(), state.mesh,
+                                                 [state.layouts[k] for k in tv.non_reduction_axes()],
+                                                 state.pending(tv))
+        result.append(DTensor.from_local(t, torch_mesh, placements, run_check=False, shape=torch.Size(shape),
+                                         stride=stride))
     return result
+
+
+def _contiguous_stride(shape) -> tuple:
+    stride, step = [], 1
+    for n in reversed(shape):
+        stride.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+_TORCH_MESHES: dict = {}  # (nvshard mesh, device type, dim names) -> torch DeviceMesh made for outputs
+
+
+def _torch_mesh(mesh, device_type: str, first):
+    names = None
+    if first is not None and first.device_mesh.mesh_dim_names and first.device_mesh.ndim == mesh.ndim:
+        names = tuple(first.device_mesh.mesh_dim_names)
+    key = (mesh, device_type, names)
+    if key not in _TORCH_MESHES:
+        _TORCH_MESHES[key] = mesh.to_torch(device_type, names)
+    return _TORCH_MESHES[key]

@@ -57,6 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 import nvshard as nvfuser  # noqa: E402
 from nvshard import DataType, FusionDefinition  # noqa: E402
@@ -416,7 +417,7 @@ def main(argv=None) -> int:
         selected = list(firsts.values())
     rows = []
     start = time.perf_counter()
-    for case in selected:
+    for case in tqdm(selected, desc="bench_comm", unit="case", disable=None):  # quiet unless on a terminal
         row = dict(program=case.program, variant=case.variant, mesh=list(case.mesh_shape))
         try:
             fd, shapes, data = case.build(False)

@@ -34,6 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 import nvshard as nvfuser  # noqa: E402
 from nvshard import DataType, FusionDefinition  # noqa: E402
@@ -272,7 +273,7 @@ def main(argv=None) -> int:
     targets = [t for t in (100, 300, 1000, 3000, 10000) if t <= args.max_exprs]
     for family in [f.strip() for f in args.families.split(",") if f.strip()]:
         last = None
-        for target in targets:
+        for target in tqdm(targets, desc=family, unit="size", disable=None):  # quiet unless on a terminal
             n = layers_for(family, target)
             if last is not None:  # extrapolate: skip what would blow the budget
                 est = last[1] * target / last[0] * 2.5

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from nvshard.multidevice import layout
 from nvshard.ir.sizes import Size
@@ -424,7 +425,7 @@ class OptimumSearch:
         for x in [x for x in alive if x not in by_var]:
             alive.discard(x)
             trace.append((x, (), np.zeros((), dtype=np.int64)))
-        for x in order:
+        for x in tqdm(order, desc="optimum", unit="tensor", disable=None, leave=False):  # quiet off a terminal
             if x not in alive:
                 continue
             fs = by_var.pop(x)

@@ -123,6 +123,20 @@ class DeviceMesh:
             self._groups[name] = seen
         return [list(g) for g in self._groups[name]]
 
+    # -- torch.distributed.DeviceMesh ------------------------------------------------
+    @classmethod
+    def from_torch(cls, torch_mesh) -> "DeviceMesh":
+        """The same ranks in the same arrangement: torch mesh dim i is
+        axis_names[i], so a torch mesh's last dim is mesh_x."""
+        return cls(torch_mesh.mesh.cpu())
+
+    def to_torch(self, device_type: str = "cpu", mesh_dim_names=None):
+        """A torch DeviceMesh over the same ranks. Like any torch DeviceMesh it
+        creates process groups: every rank of torch's default group calls it."""
+        from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+
+        return TorchDeviceMesh(device_type, self._devices, mesh_dim_names=mesh_dim_names)
+
     # -- identity ----------------------------------------------------------------
     def __eq__(self, other) -> bool:
         if self is other:

@@ -117,6 +117,18 @@ class Plan:
     def bytes_received(self, device: int) -> float:
         return self._received.get(device, 0.0)
 
+    def to_dot(self) -> str:
+        """The plan as a graphviz graph (nvshard/visualize/graph.py says what it shows)."""
+        from ..visualize.graph import to_dot
+
+        return to_dot(self)
+
+    def render(self, path) -> str:
+        """Draw the plan to `path`, SVG or PNG by extension (needs Graphviz's dot)."""
+        from ..visualize.graph import render
+
+        return render(self, path)
+
     def report(self) -> str:
         if not self.communications:
             return "Communications: none"
