@@ -440,14 +440,14 @@ class Expr:
         depends on them (how a reshape splits axes, whether a slice is whole)."""
         if sizes is None or not self.op.rule_needs_sizes:
             if self._rule is None:
-                self._rule = self.op.rule(self)
+                self._rule = _without_broadcast_factors(self, self.op.rule(self))
             return self._rule
         # keyed by the sizes the rule looks at, so plans for the same shapes share it
         key = self.op.rule_sizes_key(self, sizes)
         if self._sized_rules is None:
             self._sized_rules = {}
         if key not in self._sized_rules:
-            self._sized_rules[key] = self.op.rule(self, sizes)
+            self._sized_rules[key] = _without_broadcast_factors(self, self.op.rule(self, sizes))
         return self._sized_rules[key]
 
     def __str__(self) -> str:
@@ -456,6 +456,18 @@ class Expr:
     def __repr__(self) -> str:
         outs = ", ".join(v.short_name() if isinstance(v, TensorView) else str(v) for v in self.outputs)
         return f"<{self.op.name} -> {outs}>"
+
+
+def _without_broadcast_factors(expr: "Expr", rule):
+    """nvFuser never shards a broadcast axis, expanded or not: such an axis
+    names no factor, whatever the op's rule says (one guard for every op)."""
+    for tvs, per_tv in ((expr.tv_inputs, rule.operands), (expr.tv_outputs, rule.results)):
+        for i, (tv, axes) in enumerate(zip(tvs, per_tv)):
+            ids = tv.logical if len(axes) == len(tv.logical) else [tv.logical[j] for j in tv.non_reduction_axes()]
+            if any(id_.is_broadcast() and f for id_, f in zip(ids, axes)):
+                # a new list: rules may share one list between an operand and a result
+                per_tv[i] = [() if id_.is_broadcast() else f for id_, f in zip(ids, axes)]
+    return rule
 
 
 class Fusion:

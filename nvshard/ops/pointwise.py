@@ -146,6 +146,8 @@ class SetOp(OpSpec):
     def define(self, arg, stride_order=None):
         fusion = common.current_fusion(arg)
         arg = common.expect_tv(arg, self.name, "arg")
+        if stride_order is not None and len(stride_order) == 0:
+            stride_order = None  # translate_fusion (0.2.36) prints the default order as []
         if stride_order is not None:
             rank = arg.ndim
             if sorted(stride_order) != list(range(rank)):
