@@ -86,6 +86,10 @@ class IterDomain:
         self.path = path
         self.is_remainder = is_remainder
         self.display = display
+        # what nvFuser prints between the braces and after them ("1 ex i0", "rf"),
+        # kept by a fusion read from real nvFuser, whose extents are per-axis values
+        self.printed_extent: Optional[str] = None
+        self.printed_suffix = ""
         self.owner: Optional["TensorView"] = None
 
     def extent(self) -> Size:
@@ -108,6 +112,8 @@ class IterDomain:
         self.parallel_type = parallel_type
 
     def __str__(self) -> str:
+        if self.printed_extent is not None:
+            return f"{self.iter_type.value}{self.parallel_type}{self.number}{{{self.printed_extent}}}{self.printed_suffix}"
         extent = self.display if self.display is not None else str(self._extent)
         if self.expanded is not None:
             extent = f"{extent} ex {self.expanded}"
@@ -163,7 +169,8 @@ class Scalar(Val):
             if isinstance(self.value, bool):
                 return "true" if self.value else "false"
             if self._dtype == DataType.Double or isinstance(self.value, float):
-                return f"double({self.value!r})"
+                # C++ streams at max_digits10, as nvFuser prints: double(1), double(0.044714999999999998)
+                return f"double({self.value:.17g})"
             return str(self.value)
         return self.name or "s?"
 
@@ -187,6 +194,7 @@ class TensorView(Val):
         self.contiguity = None
         self.stride_order = None
         self.is_cpu = False
+        self.memory_type = "g"  # printed T0_g_...; a fusion read from real nvFuser keeps its "l" (local)
 
     # -- nvfuser_direct API ----------------------------------------------------
     def dtype(self) -> DataType:
@@ -377,7 +385,7 @@ class TensorView(Val):
 
     def plain_str(self) -> str:
         ids = ", ".join(str(i) for i in self.loop)
-        text = f"T{self.number}_g_{self._dtype}[{ids}]"
+        text = f"T{self.number}_{self.memory_type}_{self._dtype}[{ids}]"
         if self.mesh is not None:
             text += f" ({self.mesh})"
         return text

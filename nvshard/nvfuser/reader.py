@@ -21,13 +21,14 @@ import torch
 
 from ..frontend.fusion_definition import FusionDefinition
 from ..ir.dtypes import DataType
-from ..ir.nodes import IterDomain, NvShardError, ParallelType, TensorView
+from ..ir.nodes import IterDomain, NvShardError, ParallelType, Scalar, TensorView
 from ..multidevice.mesh import DeviceMesh
 
 _TV_NAME = re.compile(r"^T(\d+)_")
 _ID_TEXT = re.compile(r"^([ibr])(.*?)(\d+)\{(.*)\}(rf)?$")
 _SPLIT_TEXT = re.compile(r"^(Outer|Inner) split: \S+ by factor (\d+) ->")
 _MESH_TEXT = re.compile(r"\(DeviceMesh(\{.*\})\)$")
+_SCALAR_PREFIX = {DataType.Double: "d", DataType.Float: "f", DataType.Bool: "b", DataType.Int: "i"}
 _PARALLEL = {"deviceIdx.x": ParallelType.mesh_x, "deviceIdx.y": ParallelType.mesh_y,
              "deviceIdx.z": ParallelType.mesh_z, "S": ParallelType.Serial}
 
@@ -115,6 +116,8 @@ def read_fusion(real_fusion) -> ReadFusion:
                 if target.startswith("tv"):
                     result.definition_text[int(target[2:])] = text
         for name, value in names.items():
+            if re.fullmatch(r"c\d+", name) and isinstance(value, Scalar) and value.definition is not None:
+                value.name = _SCALAR_PREFIX.get(value.dtype(), "i") + name[1:]  # nvFuser's name: c65 is d65
             if re.fullmatch(r"tv\d+", name) and isinstance(value, TensorView):
                 number = int(name[2:])
                 if number not in real_tvs:
@@ -129,8 +132,13 @@ def read_fusion(real_fusion) -> ReadFusion:
             by_number = _apply_annotation(result, number, real_tv, tv)
             # nvFuser's names, so nvshard's log and printMath name what the user sees
             tv.number = number
+            tv.memory_type = str(real_tv).split("_")[1]
+            texts = {id_number(i): str(i) for i in list(real_tv.get_logical_domain()) + list(real_tv.get_loop_domain())}
             for n, id_ in by_number.items():
                 id_.number = n
+                if n in texts:
+                    id_.printed_extent = _parse_id(texts[n])[3]
+                    id_.printed_suffix = "rf" if texts[n].endswith("rf") else ""
                 max_id = max(max_id, n)
         fd.fusion._tv_counter = max(result.pairs, default=-1) + 1
         fd.fusion._id_counter = max_id + 1

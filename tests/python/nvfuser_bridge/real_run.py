@@ -52,7 +52,7 @@ def sections(dump: str) -> list:
 
 def tv_tokens(section: str) -> dict:
     """Per TensorView number: its mesh and its loop domain as tokens, a device
-    id as kind + mesh axis ("ix", "rx"), runs of other ids as one "."."""
+    id as kind + mesh axis ("ix", "rx"), any other id as "."."""
     result = {}
     for m in TV_TEXT.finditer(section):
         number = int(m.group(1))
@@ -60,9 +60,7 @@ def tv_tokens(section: str) -> dict:
             continue
         tokens = []
         for kind, parallel in _ID.findall(m.group(2)):
-            token = kind + parallel[-1] if parallel.startswith("deviceIdx") else "."
-            if not (token == "." and tokens and tokens[-1] == "."):
-                tokens.append(token)
+            tokens.append(kind + parallel[-1] if parallel.startswith("deviceIdx") else ".")
         mesh = m.group(3).strip()[1:-1] if m.group(3) else None
         result[number] = [mesh, " ".join(tokens)]
     return result
@@ -122,8 +120,6 @@ def run(name: str, mode: str, propagation=None) -> dict:
         summary["nvshard_bytes"] = plan.bytes_per_device
     os.environ["NVFUSER_DUMP"] = "pre_segmenter_logging"
     inputs = local_inputs(fd, shapes)
-    out = io.StringIO()
-    error = None
     # nvFuser prints the dump from C++ to fd 1: capture at the file-descriptor level
     dump = _capture_fd1(lambda: _execute(fd, inputs))
     error = dump[1]
@@ -131,15 +127,18 @@ def run(name: str, mode: str, propagation=None) -> dict:
     secs = sections(text)
     summary["passes"] = [n for n, _ in secs]
     summary["error"] = error
-    by_name = {}
+    by_name, previous = {}, None
     for n, body in secs:
+        if n == "PropagateShardingsPass" and n not in by_name:
+            by_name["before propagation"] = previous  # after the passes that run before propagation
         by_name.setdefault(n, body)  # the first of each: real nvFuser's own sections
+        previous = body
     if "PropagateShardingsPass" in by_name:
         summary["real_before"] = tv_tokens(by_name["before"])
+        summary["real_before_propagation"] = tv_tokens(by_name["before propagation"])
         summary["real_propagated"] = tv_tokens(by_name["PropagateShardingsPass"])
     if "DecomposeReshardingsPass" in by_name:
         summary["real_communications"] = communications(by_name["DecomposeReshardingsPass"])
-    del out
     return summary
 
 
