@@ -33,6 +33,10 @@ def enable() -> None:
             from . import propagate
 
             shapes = _global_shapes(self, inputs)
+            from ..preseg.pipeline import dump_enabled
+
+            if dump_enabled("pre_segmenter_logging"):
+                print("nvshard.nvfuser: nvshard's sharding propagation, before nvFuser's pre-segmenter", flush=True)
             plan = propagate(self, shapes)
             _done[key] = (self, plan)
             self.nvshard_plan = plan

@@ -4,7 +4,8 @@ driver) and print a JSON summary as the last line. Run as a subprocess:
 a failing real nvFuser call may abort the process.
 
     python real_run.py PROGRAM MODE [PROPAGATION]
-    MODE: "alone" (real nvFuser only) or "bridge" (nvshard.nvfuser.propagate first)
+    MODE: "alone" (real nvFuser only), "bridge" (nvshard.nvfuser.propagate first)
+          or "switch" (nvshard.nvfuser.enable(), then fd.execute as users write it)
 """
 
 from __future__ import annotations
@@ -118,12 +119,26 @@ def run(name: str, mode: str, propagation=None) -> dict:
         summary["written"] = {w.number: tv_tokens(str(plan.read.pairs[w.number][0]))[w.number] for w in plan.writes}
         summary["nvshard_communications"] = [[c.kind, c.mesh_axis] for c in plan.communications]
         summary["nvshard_bytes"] = plan.bytes_per_device
+    if mode == "switch":
+        import nvshard.nvfuser as bridge
+
+        bridge.enable()  # fd.execute reads global shapes from the local inputs
     os.environ["NVFUSER_DUMP"] = "pre_segmenter_logging"
     inputs = local_inputs(fd, shapes)
     # nvFuser prints the dump from C++ to fd 1: capture at the file-descriptor level
     dump = _capture_fd1(lambda: _execute(fd, inputs))
     error = dump[1]
     text = dump[0]
+    if mode == "switch":
+        summary["nvshard_log_at"] = text.find("Sharding decisions:")
+        summary["nvshard_header_at"] = text.find("nvshard.nvfuser:")
+        summary["real_first_pass_at"] = text.find("Fusion after pass: RemoveEmptyPass")
+        plan = getattr(fd, "nvshard_plan", None)
+        summary["written"] = {w.number: tv_tokens(str(plan.read.pairs[w.number][0]))[w.number]
+                              for w in plan.writes} if plan else {}
+        summary["nvshard_communications"] = [[c.kind, c.mesh_axis] for c in plan.communications] if plan else []
+        # real nvFuser's sections follow nvshard's: keep those after nvshard's log
+        text = text[text.find("Fusion before PreSegmenter:", max(summary["nvshard_log_at"], 0)):]
     secs = sections(text)
     summary["passes"] = [n for n, _ in secs]
     summary["error"] = error
