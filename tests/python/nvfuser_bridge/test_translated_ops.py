@@ -1,0 +1,163 @@
+"""The ops translate_fusion emits for the bridged programs, in nvshard alone
+(no real nvFuser needed): expand, welford, the comparisons and
+stride_order([]) against torch, their sharding rules, and sharded
+execution on simulated ranks."""
+
+import pytest
+import torch
+
+import nvshard as nvfuser
+from nvshard import DataType, FusionDefinition, NvShardError
+from nvshard.multidevice import DeviceMesh
+
+P = nvfuser.ParallelType
+
+
+def _shard(tv, mesh, axis):
+    tv.set_device_mesh(mesh)
+    tv.outer_split(axis, mesh.size)
+    tv.axis(axis).parallelize(P.mesh_x)
+
+
+# -- expand -------------------------------------------------------------------------------------
+
+
+def test_expand_matches_torch_and_prints_the_expanded_extent():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 1, 4])
+        n = fd.ops.size(x, 0)
+        y = fd.ops.expand(x, shape=[n, 5, -1])
+        fd.add_output(fd.ops.mul(y, 2.0))
+    x_ref = torch.randn(3, 1, 4)
+    (out,) = fd.execute([x_ref])
+    torch.testing.assert_close(out, x_ref.expand(3, 5, 4) * 2.0)
+    assert str(y) == "T1_g_float[iS3{i0}, bS4{1 ex 5}, iS5{4}]"
+    assert y.definition.rule().describe() == "a0 1 a2 -> a0 1 a2"  # the broadcast axis names no factor
+
+
+def test_expand_rejects_a_new_extent_on_an_iteration_axis():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3, 4])
+        with pytest.raises(NvShardError, match=r"expand: axis 1 of T0 has extent 4 and is not a broadcast axis"):
+            fd.ops.expand(x, shape=[3, 6])
+
+
+def test_expanded_broadcast_axis_is_never_sharded():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([1, 6])
+        y = fd.define_tensor([8, 6])
+        xe = fd.ops.expand(x, shape=[8, 6])
+        out = fd.ops.add(xe, y)
+        fd.add_output(out)
+        x.set_device_mesh(mesh)
+        _shard(y, mesh, 0)
+    x_ref, y_ref = torch.randn(1, 6), torch.randn(8, 6)
+    sim = nvfuser.simulate(fd, [x_ref, y_ref])
+    torch.testing.assert_close(sim.output(0), x_ref + y_ref)
+    assert sim.plan.mesh_axes(out) == [["x"], []]
+    assert sim.plan.mesh_axes(xe) == [[], []]  # nvFuser never shards a broadcast axis, expanded or not
+    assert sim.plan.communications == []
+
+
+# -- welford ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims", [[1], [0, 2], [-1]])
+def test_welford_matches_torch(dims):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        avg, m2, count = fd.ops.welford(x, dims=dims)
+        for t in (avg, m2, count):
+            fd.add_output(t)
+    x_ref = torch.randn(3, 4, 5)
+    avg_out, m2_out, count_out = fd.execute([x_ref])
+    var, mean = torch.var_mean(x_ref, dim=dims, correction=0)
+    n = x_ref.numel() // mean.numel()
+    torch.testing.assert_close(avg_out, mean)
+    torch.testing.assert_close(m2_out, var * n)
+    assert count_out.dtype == torch.int64 and bool((count_out == n).all())
+    assert count.dtype() == DataType.Index
+
+
+def test_welford_prints_like_nvfuser():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, 8])
+        avg, m2, count = fd.ops.welford(x, dims=[1])
+        fd.add_output(avg)
+    assert str(avg.definition) == (
+        "T1_g_float[iS2{2}, rS3{8}](Avg),\nT2_g_float[iS4{2}, rS5{8}](Var),\n"
+        "T3_g_nvfuser_index_t[iS6{2}, rS7{8}](Count)\n = Welford ( T0_g_float[iS0{2}, iS1{8}](Avg), \n"
+        "  allreduce = false )\n")
+
+
+def test_welford_sharded_keeps_or_gathers():
+    mesh = DeviceMesh(torch.arange(2))
+    for axis, kinds in ((0, []), (1, ["allgather"])):
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([8, 16])
+            avg, m2, _ = fd.ops.welford(x, dims=[1])
+            fd.add_output(avg)
+            fd.add_output(m2)
+            _shard(x, mesh, axis)
+        x_ref = torch.randn(8, 16)
+        sim = nvfuser.simulate(fd, [x_ref])
+        torch.testing.assert_close(sim.output(0), x_ref.mean(1))
+        torch.testing.assert_close(sim.output(1), x_ref.var(1, correction=0) * 16)
+        assert [c.kind for c in sim.plan.communications] == kinds  # partial M2s do not add: gather the axis
+
+
+def test_welford_rejects_bf16_and_integers():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4], dtype=DataType.BFloat16)
+        with pytest.raises(NvShardError, match="welford is not supported for __bfloat"):
+            fd.ops.welford(x, dims=[0])
+        i = fd.define_tensor([4], dtype=DataType.Int)
+        with pytest.raises(NvShardError, match="welford: T1 has dtype int64_t"):
+            fd.ops.welford(i, dims=[0])
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+
+_COMPARE = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt}
+_PRINTED = {"ge": ">=", "gt": ">", "le": "<=", "eq": "==", "ne": "!=", "lt": "<"}
+
+
+@pytest.mark.parametrize("op", sorted(_COMPARE))
+def test_comparison_matches_torch(op):
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 4])
+        b = fd.define_tensor([1, 4], dtype=DataType.BFloat16)
+        t = getattr(fd.ops, op)(a, b)
+        s = getattr(fd.ops, op)(a, 0.25)
+        fd.add_output(t)
+        fd.add_output(s)
+    a_ref = torch.tensor([[0.25, 1.0, -1.0, 0.5], [0.5, 0.5, 0.25, -2.0]])
+    b_ref = torch.tensor([[0.25, 0.5, 0.5, 0.5]], dtype=torch.bfloat16)
+    out_t, out_s = fd.execute([a_ref, b_ref])
+    assert out_t.dtype == torch.bool and torch.equal(out_t, _COMPARE[op](a_ref, b_ref.float()))
+    assert torch.equal(out_s, _COMPARE[op](a_ref, 0.25))
+    assert f"   {_PRINTED[op]} T1_g___bfloat" in str(t.definition)
+
+
+def test_scalar_comparison_prints_on_one_line():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3])
+        c = fd.ops.ge(fd.ops.cast(fd.define_scalar(2), DataType.Double), fd.define_scalar(0.0))
+        fd.add_output(fd.ops.where(c, x, 0.0))
+    text = fd.fusion.print_math()
+    assert "ds0 = __to_double(2);\nbs1 = ds0 >= double(0);\n" in text
+
+
+# -- stride_order as translate_fusion (0.2.36) prints it ----------------------------------------------
+
+
+def test_stride_order_empty_is_a_copy():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, 3])
+        y = fd.ops.stride_order(x, stride_order=[])
+        fd.add_output(y)
+    x_ref = torch.randn(2, 3)
+    (out,) = fd.execute([x_ref])
+    torch.testing.assert_close(out, x_ref)
+    assert "= Set( T0_g_float" in str(y.definition)
