@@ -168,6 +168,8 @@ class Scalar(Val):
         if self.value is not None and self.definition is None:
             if isinstance(self.value, bool):
                 return "true" if self.value else "false"
+            if self._dtype == DataType.Float:
+                return f"float({self.value:.9g})"
             if self._dtype == DataType.Double or isinstance(self.value, float):
                 # C++ streams at max_digits10, as nvFuser prints: double(1), double(0.044714999999999998)
                 return f"double({self.value:.17g})"

@@ -74,9 +74,7 @@ def propagate(fd, input_shapes=None, propagation: Optional[str] = None, write: b
     expression nvshard cannot read; the real fusion is then unchanged."""
     from ..api import propagate_shardings
 
-    fusion = fd.fusion if hasattr(fd, "fusion") and not callable(fd.fusion) else fd
-    if callable(getattr(fusion, "fusion", None)):
-        fusion = fusion.fusion()
+    fusion = fd.fusion if hasattr(fd, "fusion") else fd  # a FusionDefinition or its Fusion
     read = read_fusion(fusion)
     plan = propagate_shardings(read.fd, input_shapes, propagation)
     writes = plan_writes(read, plan)

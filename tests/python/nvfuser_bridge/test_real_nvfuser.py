@@ -136,6 +136,26 @@ def test_print_math_equals_real(program, annotate):
     assert read.fd.fusion.print_math() == fd.fusion.print_math()
 
 
+def test_more_ops_read_print_and_evaluate_as_real_nvfuser():
+    """full, iota, pad, argsort and topk as translate_fusion writes them."""
+    with nvf.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6], dtype=nvf.DataType.Float, contiguity=True)
+        outs = [fd.ops.full([4, 6], 1.5, dtype=nvf.DataType.Float), fd.ops.iota(6, 0, 1, dtype=nvf.DataType.Int),
+                fd.ops.pad(x, [1, 2]), fd.ops.argsort(x, 1, False, True),
+                *fd.ops.topk(x, fd.define_scalar(2, dtype=nvf.DataType.Int), 1, True, True)]
+        for t in outs:
+            fd.add_output(t)
+    read = bridge.read_fusion(fd.fusion)
+    assert read.fd.fusion.print_math() == fd.fusion.print_math()
+    x_ref = torch.randn(5, 6)
+    full, iota, pad, order, values, indices = read.fd.execute([x_ref])
+    assert torch.equal(full, torch.full((4, 6), 1.5)) and torch.equal(iota, torch.arange(6))
+    torch.testing.assert_close(pad, torch.nn.functional.pad(x_ref, [1, 2]))
+    assert torch.equal(order, torch.argsort(x_ref, dim=1, stable=True))
+    ref_values, ref_indices = torch.topk(x_ref, 2, dim=1, sorted=True)
+    assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+
+
 # -- the drop-in switch: fd.execute gets nvshard's propagation, its log first --------------------------------
 
 

@@ -161,3 +161,93 @@ def test_stride_order_empty_is_a_copy():
     (out,) = fd.execute([x_ref])
     torch.testing.assert_close(out, x_ref)
     assert "= Set( T0_g_float" in str(y.definition)
+
+
+# -- full, iota, pad, argsort, topk ------------------------------------------------------------------------
+
+
+def test_full_and_iota_match_torch():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6])
+        f = fd.ops.full(shape=[fd.ops.size(x, 0), 6], fill_value=fd.define_scalar(1.5, dtype=DataType.Float),
+                        dtype=DataType.Float)
+        i = fd.ops.iota(length=6, start=2, step=3)
+        fi = fd.ops.iota(length=6, start=0.5, step=0.25, dtype=DataType.Float)
+        fd.add_output(fd.ops.add(fd.ops.mul(x, f), fi))
+        fd.add_output(i)
+    x_ref = torch.randn(3, 6)
+    out, idx = fd.execute([x_ref])
+    torch.testing.assert_close(out, x_ref * 1.5 + (0.5 + 0.25 * torch.arange(6)))
+    assert idx.dtype == torch.int64 and torch.equal(idx, 2 + 3 * torch.arange(6))
+    assert "= full({i0, 6}, float(1.5));" in fd.fusion.print_math()
+    assert "= iota(6, 2, 3, int64_t);" in fd.fusion.print_math()
+
+
+def test_full_sharded_like_its_consumer():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6])
+        f = fd.ops.full(shape=[8, 6], fill_value=2.0, dtype=DataType.Float)
+        out = fd.ops.mul(x, f)
+        fd.add_output(out)
+        _shard(x, mesh, 0)
+    x_ref = torch.randn(8, 6)
+    sim = nvfuser.simulate(fd, [x_ref])
+    torch.testing.assert_close(sim.output(0), x_ref * 2)
+    assert sim.plan.mesh_axes(f) == [["x"], []] and sim.plan.communications == []
+
+
+def test_pad_matches_torch_and_gathers_a_sharded_padded_axis():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6])
+        p = fd.ops.pad(x, pad_widths=[1, 2], value=fd.define_scalar(-1.0))
+        fd.add_output(p)
+        _shard(x, mesh, 1)
+    x_ref = torch.randn(4, 6)
+    sim = nvfuser.simulate(fd, [x_ref])
+    torch.testing.assert_close(sim.output(0), torch.nn.functional.pad(x_ref, [1, 2], value=-1.0))
+    assert [c.kind for c in sim.plan.communications] == ["allgather"]  # padding needs the whole axis
+    assert "= pad( T0_g_float" in fd.fusion.print_math() and "{0, 0, 1, 2} )" in fd.fusion.print_math()
+
+
+def test_pad_rejects_bad_widths():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 6])
+        with pytest.raises(NvShardError, match=r"pad: pad_widths \[1, 2, 3\] must hold \(before, after\) pairs"):
+            fd.ops.pad(x, pad_widths=[1, 2, 3])
+        with pytest.raises(NvShardError, match="non-negative ints"):
+            fd.ops.pad(x, pad_widths=[-1, 0])
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_argsort_matches_torch_and_keeps_other_axes_sharded(descending):
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6])
+        a = fd.ops.argsort(x, dim=1, descending=descending, stable=True)
+        fd.add_output(a)
+        _shard(x, mesh, 0)
+    x_ref = torch.randn(8, 6)
+    sim = nvfuser.simulate(fd, [x_ref])
+    assert torch.equal(sim.output(0), torch.argsort(x_ref, dim=1, descending=descending, stable=True))
+    assert sim.plan.mesh_axes(a) == [["x"], []] and sim.plan.communications == []
+
+
+def test_topk_matches_torch_and_gathers_the_sorted_axis():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6])
+        values, indices = fd.ops.topk(x, 2, dim=1, largest=True, sorted=True)
+        fd.add_output(values)
+        fd.add_output(indices)
+        _shard(x, mesh, 1)
+    x_ref = torch.randn(8, 6)
+    sim = nvfuser.simulate(fd, [x_ref])
+    ref_values, ref_indices = torch.topk(x_ref, 2, dim=1, largest=True, sorted=True)
+    torch.testing.assert_close(sim.output(0), ref_values)
+    assert torch.equal(sim.output(1), ref_indices)
+    assert [c.kind for c in sim.plan.communications] == ["allgather"]
+    assert str(values.definition) == (
+        "( T1_g_float[iS2{8}, iS4{2}], T2_g_int64_t[iS5{8}, iS6{2}] ) = topk( T0_g_float[iS0{8}, ideviceIdx.x8{2}, "
+        "iS7{3}] (DeviceMesh{0 1}), 2, dim = 1, largest = True, sorted = True )\n")
