@@ -55,6 +55,7 @@ class IterType(enum.Enum):
     Iteration = "i"
     Broadcast = "b"
     Reduction = "r"
+    GatherScatter = "n"  # a gather's result axis (nvFuser's IterType::GatherScatter)
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..ir.nodes import IterDomain, NvShardError, ParallelType, Scalar, TensorVie
 from ..multidevice.mesh import DeviceMesh
 
 _TV_NAME = re.compile(r"^T(\d+)_")
-_ID_TEXT = re.compile(r"^([ibr])(.*?)(\d+)\{(.*)\}(rf)?$")
+_ID_TEXT = re.compile(r"^([ibrn])(.*?)(\d+)\{(.*)\}(rf)?$")
 _SPLIT_TEXT = re.compile(r"^(Outer|Inner) split: \S+ by factor (\d+) ->")
 _MESH_TEXT = re.compile(r"\(DeviceMesh(\{.*\})\)$")
 _SCALAR_PREFIX = {DataType.Double: "d", DataType.Float: "f", DataType.Bool: "b", DataType.Int: "i"}

@@ -26,7 +26,7 @@ import programs  # noqa: E402
 
 _SECTION = re.compile(r"^(Fusion before PreSegmenter:|Fusion after pass: (\w+))$")
 TV_TEXT = re.compile(r"T(\d+)_[lg]_\w+\[([^\]]*)\]( \(DeviceMesh\{[{}\d ]*\}\))?")
-_ID = re.compile(r"([ibr])(deviceIdx\.[xyz]|[A-Za-z.]*?)\d+\{")
+_ID = re.compile(r"([ibrn])(deviceIdx\.[xyz]|[A-Za-z.]*?)\d+\{")
 
 TORCH_DTYPES = {"DataType.BFloat16": torch.bfloat16, "DataType.Bool": torch.bool, "DataType.Float": torch.float32,
                 "DataType.Half": torch.float16, "DataType.Double": torch.float64, "DataType.Int": torch.int64,

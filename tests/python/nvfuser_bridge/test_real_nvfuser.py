@@ -156,6 +156,23 @@ def test_more_ops_read_print_and_evaluate_as_real_nvfuser():
     assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
 
 
+def test_index_ops_read_print_and_evaluate_as_real_nvfuser():
+    """select, index_select (translate_fusion writes the index broadcast) and gather."""
+    with nvf.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6], dtype=nvf.DataType.Float, contiguity=True)
+        idx = fd.define_tensor([-1], dtype=nvf.DataType.Int, contiguity=True)
+        idx2 = fd.define_tensor([-1, 3], dtype=nvf.DataType.Int, contiguity=True)
+        for t in (fd.ops.select(x, fd.define_scalar(2, dtype=nvf.DataType.Int), 1), fd.ops.index_select(x, idx, 0),
+                  fd.ops.gather(x, idx2, 1)):
+            fd.add_output(t)
+    read = bridge.read_fusion(fd.fusion)
+    assert read.fd.fusion.print_math() == fd.fusion.print_math()
+    x_ref, i1, i2 = torch.randn(5, 6), torch.tensor([4, 0, 2]), torch.randint(0, 6, (4, 3))
+    selected, indexed, gathered = read.fd.execute([x_ref, i1, i2])
+    assert torch.equal(selected, x_ref[:, 2]) and torch.equal(indexed, x_ref[i1])
+    assert torch.equal(gathered, torch.gather(x_ref, 1, i2))
+
+
 # -- the drop-in switch: fd.execute gets nvshard's propagation, its log first --------------------------------
 
 

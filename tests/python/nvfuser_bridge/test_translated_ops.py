@@ -251,3 +251,71 @@ def test_topk_matches_torch_and_gathers_the_sorted_axis():
     assert str(values.definition) == (
         "( T1_g_float[iS2{8}, iS4{2}], T2_g_int64_t[iS5{8}, iS6{2}] ) = topk( T0_g_float[iS0{8}, ideviceIdx.x8{2}, "
         "iS7{3}] (DeviceMesh{0 1}), 2, dim = 1, largest = True, sorted = True )\n")
+
+
+# -- select, index_select, gather -----------------------------------------------------------------------
+
+
+def test_select_matches_torch_and_gathers_the_selected_axis():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 6])
+        s = fd.ops.select(x, 3, dim=1)
+        fd.add_output(s)
+        _shard(x, mesh, 1)
+    x_ref = torch.randn(4, 6)
+    sim = nvfuser.simulate(fd, [x_ref])
+    torch.testing.assert_close(sim.output(0), x_ref[:, 3])
+    assert [c.kind for c in sim.plan.communications] == ["allgather"]
+    assert "= select( T0_g_float" in str(s.definition) and ", index = 3 )" in str(s.definition)
+
+
+def test_index_select_keeps_other_axes_sharded():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([5, 6])
+        idx = fd.define_tensor([-1], dtype=DataType.Int)
+        out = fd.ops.index_select(x, idx, 0)
+        fd.add_output(out)
+        _shard(x, mesh, 1)
+        idx.set_device_mesh(mesh)
+    x_ref, idx_ref = torch.randn(5, 6), torch.tensor([4, 0, 2, 2])
+    sim = nvfuser.simulate(fd, [x_ref, idx_ref])
+    torch.testing.assert_close(sim.output(0), x_ref[idx_ref])
+    assert sim.plan.mesh_axes(out) == [[], ["x"]] and sim.plan.communications == []
+    # nvFuser stores the index broadcast to the input's rank
+    assert "bS" in str(out.definition.inputs[1]) and "= indexSelect( T0_g_float" in str(out.definition)
+
+
+def test_gather_matches_torch():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6])
+        idx = fd.define_tensor([-1, 3], dtype=DataType.Int)
+        g = fd.ops.gather(x, idx, 1)
+        fd.add_output(g)
+    x_ref, idx_ref = torch.randn(4, 6), torch.randint(0, 6, (4, 3))
+    (out,) = fd.execute([x_ref, idx_ref])
+    assert torch.equal(out, torch.gather(x_ref, 1, idx_ref))
+    assert str(g) == "T2_g_float[nS4{i1}, nS5{3}]"  # nvFuser's GatherScatter axes, the index's extents
+
+
+def test_gather_with_sharded_rows_needs_no_communication():
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 6])
+        idx = fd.define_tensor([4, 3], dtype=DataType.Int)
+        g = fd.ops.gather(x, idx, 1)
+        fd.add_output(g)
+        _shard(x, mesh, 0)
+        _shard(idx, mesh, 0)
+    x_ref, idx_ref = torch.randn(4, 6), torch.randint(0, 6, (4, 3))
+    sim = nvfuser.simulate(fd, [x_ref, idx_ref])
+    assert torch.equal(sim.output(0), torch.gather(x_ref, 1, idx_ref))
+    assert sim.plan.mesh_axes(g) == [["x"], []] and sim.plan.communications == []
+
+
+def test_index_ops_reject_float_indices():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 6])
+        with pytest.raises(NvShardError, match="index_select: index T0 must have an integer dtype|index T1"):
+            fd.ops.index_select(x, fd.define_tensor([2]), 0)
