@@ -3,7 +3,8 @@
 nvshard's propagation on the fusion first, with the global input shapes
 read from the arguments, and write the shardings back. Real nvFuser's own
 pre-segmenter then leaves every written TensorView as it is (it never
-changes a TensorView that has a mesh).
+changes a TensorView that has a mesh). The plan is kept as
+`fd.nvshard_plan`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 
 _original = None
-_done: dict = {}  # id(FusionDefinition) -> the BridgePlan written into it
 
 
 def enabled() -> bool:
@@ -28,8 +28,7 @@ def enable() -> None:
     _original = nvf.FusionDefinition.execute
 
     def execute(self, inputs, *args, **kwargs):
-        key = id(self)
-        if _done.get(key, (None,))[0] is not self:
+        if getattr(self, "nvshard_plan", None) is None:  # once per FusionDefinition
             from . import propagate
 
             shapes = _global_shapes(self, inputs)
@@ -37,9 +36,7 @@ def enable() -> None:
 
             if dump_enabled("pre_segmenter_logging"):
                 print("nvshard.nvfuser: nvshard's sharding propagation, before nvFuser's pre-segmenter", flush=True)
-            plan = propagate(self, shapes)
-            _done[key] = (self, plan)
-            self.nvshard_plan = plan
+            self.nvshard_plan = propagate(self, shapes)
         return _original(self, inputs, *args, **kwargs)
 
     nvf.FusionDefinition.execute = execute
@@ -53,7 +50,6 @@ def disable() -> None:
 
     real_module().FusionDefinition.execute = _original
     _original = None
-    _done.clear()
 
 
 def _device_factors(real_tv) -> list:
