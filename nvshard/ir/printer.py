@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from .nodes import TensorView
-
 
 def format_math(inputs, outputs, exprs) -> str:
     lines = ["Inputs:"]

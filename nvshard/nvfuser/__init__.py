@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir.nodes import NvShardError
-from .reader import ReadFusion, read_fusion, real_module, tv_number
+from .reader import ReadFusion, read_fusion, tv_number
 from .switch import disable, enable, enabled
-from .writer import TvWrite, apply_writes, plan_writes
+from .writer import apply_writes, plan_writes
 
-__all__ = ["BridgePlan", "NvShardError", "disable", "enable", "enabled", "propagate", "read_fusion"]
+__all__ = ["BridgePlan", "NvShardError", "disable", "enable", "enabled", "propagate", "read_fusion", "tv_number"]
 
 
 class BridgePlan:

@@ -28,7 +28,9 @@ class TvWrite:
     number: int
     devices: list  # the mesh's device ids
     mesh_shape: tuple
-    steps: list = field(default_factory=list)  # ("outer"|"inner", loop position, factor, parallelize position|None, mesh axis)
+    # (kind, loop position, factor, position to parallelize, mesh axis); kind "outer" / "inner" split,
+    # or "leaf": parallelize the axis left last, unsplit
+    steps: list = field(default_factory=list)
     described: list = field(default_factory=list)  # per logical axis: "DIDx", "DIDy*DIDx", ... or ""
 
     def describe(self) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.dtypes import DataType
 from ..ir.nodes import IterType, NvShardError, Scalar
 from . import common
 from .registry import FactorKind, OpSpec, ShardingRule, frontend, register

@@ -8,7 +8,6 @@ import torch
 
 from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar
-from ..ir.sizes import Size
 from . import common
 from .registry import FactorKind, OpSpec, ShardingRule, frontend, register
 from .shape import _size_of

@@ -11,7 +11,6 @@ a failing real nvFuser call may abort the process.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
