@@ -41,7 +41,7 @@ def main(program: str) -> None:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     device = torch.device("cuda", local_rank)
     torch.manual_seed(0)
-    fd, _, shapes = programs.build(nvf, program)
+    fd, _, shapes = programs.build(nvf, program, gpu_sizes=True)
     plan = bridge.propagate(fd, shapes)
     full = []
     for v, shape in zip(fd.fusion.inputs(), shapes):
@@ -57,7 +57,7 @@ def main(program: str) -> None:
         local.append((shard_tensor(t, tv, rank) if tv.mesh is not None else t).to(device))
     outs = fd.execute(local)
 
-    reference_fd, _, _ = programs.build(nvf, program, annotate=False)
+    reference_fd, _, _ = programs.build(nvf, program, annotate=False, gpu_sizes=True)
     reference = reference_fd.execute([t.to(device) for t in full])
     for i in _COMPARED.get(program, range(len(outs))):
         out_tv = plan.nvshard_tv(fd.fusion.outputs()[i])

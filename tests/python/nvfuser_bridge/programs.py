@@ -231,13 +231,16 @@ def transformer_shapes(d: int = 4, b: int = 1, s: int = 8, e: int = 16):
     return [[b, s, e], [e], [e], [3 * e, e], [3 * e], [e, e], [e], [e], [e], [4 * e, e], [4 * e], [e, 4 * e], [e]]
 
 
-def build(nvf, name: str, d: int = 4, annotate: bool = True):
-    """(fd, named TensorViews, global input shapes) of one of PROGRAMS."""
+def build(nvf, name: str, d: int = 4, annotate: bool = True, gpu_sizes: bool = False):
+    """(fd, named TensorViews, global input shapes) of one of PROGRAMS.
+    gpu_sizes: sizes GPU kernels accept (attention head dim 32, not 4)."""
     if name.startswith("triangle"):
         fd, named = triangle(nvf, "outgoing" in name, name.endswith("swapped"), d, annotate=annotate)
-        return fd, named, triangle_shapes(d)
+        return fd, named, triangle_shapes(d, n_local=8 if gpu_sizes else 5)
     if name.startswith("mlp"):
-        fd, named = mlp(nvf, name.endswith("sp"), d, annotate=annotate)
-        return fd, named, mlp_shapes(d)
-    fd, named = transformer(nvf, name.endswith("sp"), d, annotate=annotate)
-    return fd, named, transformer_shapes(d)
+        h = 64 if gpu_sizes else 16
+        fd, named = mlp(nvf, name.endswith("sp"), d, h=h, annotate=annotate)
+        return fd, named, mlp_shapes(d, h=h)
+    s, h, e = (64, 8, 256) if gpu_sizes else (8, 4, 16)
+    fd, named = transformer(nvf, name.endswith("sp"), d, s=s, h=h, e=e, annotate=annotate)
+    return fd, named, transformer_shapes(d, s=s, e=e)
