@@ -87,7 +87,7 @@ def test_real_communications_equal_nvshard_plan(program):
 def test_triangle_plan_bytes():
     fd, named, shapes = programs.build(nvf, "triangle_outgoing")
     plan = bridge.propagate(fd, shapes)
-    # z_in is [6, 10, 10, 128] bf16 over a 1x2x2 mesh: allgather the b operand over DIDy, reduce-scatter over DIDx
+    # z_in is [3, 10, 10, 128] bf16 over a 1x2x2 mesh: allgather the b operand over DIDy, reduce-scatter over DIDx
     assert [(c.kind, c.mesh_axis) for c in plan.communications] == [("allgather", "y"), ("reduce_scatter", "x")]
     assert plan.bytes_per_device == 2 * 3 * 5 * 5 * 128 * 2
     assert plan.mesh_axes(named["matmul_out"]) == [["z"], [], ["y"], ["x"]]
