@@ -173,6 +173,20 @@ def test_index_ops_read_print_and_evaluate_as_real_nvfuser():
     assert torch.equal(gathered, torch.gather(x_ref, 1, i2))
 
 
+def test_embedding_reads_prints_and_evaluates_as_real_nvfuser():
+    with nvf.FusionDefinition() as fd:
+        idx = fd.define_tensor([-1, -1], dtype=nvf.DataType.Int, contiguity=True)
+        w = fd.define_tensor([10, 8], dtype=nvf.DataType.BFloat16, contiguity=True)
+        fd.add_output(fd.ops.embedding_fwd(idx, w, None, None, fd.define_scalar(2.0, dtype=nvf.DataType.Double),
+                                           fd.define_scalar(False, dtype=nvf.DataType.Bool),
+                                           fd.define_scalar(False, dtype=nvf.DataType.Bool)))
+    read = bridge.read_fusion(fd.fusion)
+    assert read.fd.fusion.print_math() == fd.fusion.print_math()
+    i_ref, w_ref = torch.randint(0, 10, (3, 4)), torch.randn(10, 8, dtype=torch.bfloat16)
+    (out,) = read.fd.execute([i_ref, w_ref])
+    assert torch.equal(out, torch.nn.functional.embedding(i_ref, w_ref))
+
+
 # -- the drop-in switch: fd.execute gets nvshard's propagation, its log first --------------------------------
 
 

@@ -319,3 +319,39 @@ def test_index_ops_reject_float_indices():
         x = fd.define_tensor([4, 6])
         with pytest.raises(NvShardError, match="index_select: index T0 must have an integer dtype|index T1"):
             fd.ops.index_select(x, fd.define_tensor([2]), 0)
+
+
+# -- embedding_fwd ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_embedding_matches_torch(padding_idx):
+    with FusionDefinition() as fd:
+        idx = fd.define_tensor([-1, -1], dtype=DataType.Int)
+        w = fd.define_tensor([10, 8], dtype=DataType.BFloat16)
+        e = fd.ops.embedding_fwd(idx, w, padding_idx, None, None, None, None)
+        fd.add_output(e)
+    i_ref, w_ref = torch.randint(0, 10, (3, 4)), torch.randn(10, 8, dtype=torch.bfloat16)
+    (out,) = fd.execute([i_ref, w_ref])
+    assert torch.equal(out, torch.nn.functional.embedding(i_ref, w_ref, padding_idx))
+    assert ("padding_idx = 3,\n" in str(e.definition)) == (padding_idx is not None)
+
+
+def test_embedding_sharded_rows_gather_the_table_sharded_tokens_do_not():
+    mesh = DeviceMesh(torch.arange(2))
+    for shard_weight_rows, kinds in ((False, []), (True, ["allgather"])):
+        with FusionDefinition() as fd:
+            idx = fd.define_tensor([4, 6], dtype=DataType.Int)
+            w = fd.define_tensor([10, 8])
+            e = fd.ops.embedding_fwd(idx, w, None, None, None, None, None)
+            fd.add_output(e)
+            _shard(idx, mesh, 0)
+            if shard_weight_rows:
+                _shard(w, mesh, 0)
+            else:
+                w.set_device_mesh(mesh)
+        i_ref, w_ref = torch.randint(0, 10, (4, 6)), torch.randn(10, 8)
+        sim = nvfuser.simulate(fd, [i_ref, w_ref])
+        torch.testing.assert_close(sim.output(0), torch.nn.functional.embedding(i_ref, w_ref))
+        assert sim.plan.mesh_axes(e) == [["x"], [], []]
+        assert [c.kind for c in sim.plan.communications] == kinds  # any row may be picked
