@@ -16,6 +16,7 @@ class DataType(enum.Enum):
     Int32 = ("int", torch.int32)
     Int = ("int64_t", torch.int64)
     UInt64 = ("uint64_t", torch.uint64)
+    Index = ("nvfuser_index_t", torch.int64)  # after Int: from_torch(int64) is Int
     Null = ("null", None)
 
     def __init__(self, printed: str, torch_dtype):
@@ -38,7 +39,7 @@ class DataType(enum.Enum):
 
     @property
     def is_integral(self) -> bool:
-        return self in (DataType.Int32, DataType.Int, DataType.UInt64)
+        return self in (DataType.Int32, DataType.Int, DataType.UInt64, DataType.Index)
 
     @property
     def itemsize(self) -> int:

@@ -60,6 +60,7 @@ class IterType(enum.Enum):
     Iteration = "i"
     Broadcast = "b"
     Reduction = "r"
+    GatherScatter = "n"  # a gather's result axis (nvFuser's IterType::GatherScatter)
 
 
 # ---------------------------------------------------------------------------
@@ -91,6 +92,10 @@ class IterDomain:
         self.path = path
         self.is_remainder = is_remainder
         self.display = display
+        # what nvFuser prints between the braces and after them ("1 ex i0", "rf"),
+        # kept by a fusion read from real nvFuser, whose extents are per-axis values
+        self.printed_extent: Optional[str] = None
+        self.printed_suffix = ""
         self.owner: Optional["TensorView"] = None
         # swizzle1d: the mesh parallel type whose device index rotates this axis
         self.swizzle: Optional[ParallelType] = None
@@ -115,6 +120,8 @@ class IterDomain:
         self.parallel_type = parallel_type
 
     def __str__(self) -> str:
+        if self.printed_extent is not None:
+            return f"{self.iter_type.value}{self.parallel_type}{self.number}{{{self.printed_extent}}}{self.printed_suffix}"
         extent = self.display if self.display is not None else str(self._extent)
         if self.expanded is not None:
             extent = f"{extent} ex {self.expanded}"
@@ -169,8 +176,11 @@ class Scalar(Val):
         if self.value is not None and self.definition is None:
             if isinstance(self.value, bool):
                 return "true" if self.value else "false"
+            if self._dtype == DataType.Float:
+                return f"float({self.value:.9g})"
             if self._dtype == DataType.Double or isinstance(self.value, float):
-                return f"double({self.value!r})"
+                # C++ streams at max_digits10, as nvFuser prints: double(1), double(0.044714999999999998)
+                return f"double({self.value:.17g})"
             return str(self.value)
         return self.name or "s?"
 
@@ -195,6 +205,7 @@ class TensorView(Val):
         self.stride_order = None
         self.is_cpu = False
         self.memory_type = None
+        self.printed_memory = "g"  # printed T0_g_...; a fusion read from real nvFuser keeps its "l" (local)
 
     # -- nvfuser_direct API ----------------------------------------------------
     def dtype(self) -> DataType:
@@ -414,7 +425,7 @@ class TensorView(Val):
 
     def plain_str(self) -> str:
         ids = ", ".join(str(i) for i in self.loop)
-        text = f"T{self.number}_g_{self._dtype}[{ids}]"
+        text = f"T{self.number}_{self.printed_memory}_{self._dtype}[{ids}]"
         if self.mesh is not None:
             text += f" ({self.mesh})"
         return text
@@ -477,14 +488,14 @@ class Expr:
         depends on them (how a reshape splits axes, whether a slice is whole)."""
         if sizes is None or not self.op.rule_needs_sizes:
             if self._rule is None:
-                self._rule = self.op.rule(self)
+                self._rule = _without_broadcast_factors(self, self.op.rule(self))
             return self._rule
         # keyed by the sizes the rule looks at, so plans for the same shapes share it
         key = self.op.rule_sizes_key(self, sizes)
         if self._sized_rules is None:
             self._sized_rules = {}
         if key not in self._sized_rules:
-            self._sized_rules[key] = self.op.rule(self, sizes)
+            self._sized_rules[key] = _without_broadcast_factors(self, self.op.rule(self, sizes))
         return self._sized_rules[key]
 
     def __str__(self) -> str:
@@ -493,6 +504,18 @@ class Expr:
     def __repr__(self) -> str:
         outs = ", ".join(v.short_name() if isinstance(v, TensorView) else str(v) for v in self.outputs)
         return f"<{self.op.name} -> {outs}>"
+
+
+def _without_broadcast_factors(expr: "Expr", rule):
+    """nvFuser never shards a broadcast axis, expanded or not: such an axis
+    names no factor, whatever the op's rule says (one guard for every op)."""
+    for tvs, per_tv in ((expr.tv_inputs, rule.operands), (expr.tv_outputs, rule.results)):
+        for i, (tv, axes) in enumerate(zip(tvs, per_tv)):
+            ids = tv.logical if len(axes) == len(tv.logical) else [tv.logical[j] for j in tv.non_reduction_axes()]
+            if any(id_.is_broadcast() and f for id_, f in zip(ids, axes)):
+                # a new list: rules may share one list between an operand and a result
+                per_tv[i] = [() if id_.is_broadcast() else f for id_, f in zip(ids, axes)]
+    return rule
 
 
 class Fusion:

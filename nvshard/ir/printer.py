@@ -10,8 +10,8 @@ def format_math(inputs, outputs, exprs) -> str:
     lines += [f"  {v}" for v in outputs]
     text = "\n".join(lines) + "\n\n%kernel_math {\n"
     for expr in exprs:
-        if expr.tv_outputs:  # scalar arithmetic is not printed
-            text += str(expr)
+        # scalar arithmetic prints too, as in nvFuser (size() prints nothing: it is an extent)
+        text += str(expr)
     return text + "} // %kernel_math \n\n"
 
 

@@ -171,8 +171,9 @@ class SdpaFwdOp(OpSpec):
             if sv is not None:
                 inputs.append(sv)
         attrs["scalars"] = scalars
-        out_ids = [fusion.new_id(i.extent()) for i in qi[:-1]] + [fusion.new_id(vi[-1].extent())]
-        lse_ids = [fusion.new_id(i.extent()) for i in qi[:-1]]
+        # a broadcast batch axis of the query stays a broadcast axis, as in nvFuser
+        out_ids = common.new_like_ids(fusion, qi[:-1]) + [fusion.new_id(vi[-1].extent())]
+        lse_ids = common.new_like_ids(fusion, qi[:-1])
         out = fusion.new_tv(q.dtype(), out_ids)
         lse = fusion.new_tv(DataType.Float, lse_ids)
         seed = fusion.new_tv(DataType.UInt64, [fusion.new_id(Size(2))])

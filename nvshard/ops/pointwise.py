@@ -89,6 +89,8 @@ class UnaryOp(OpSpec):
 
     def format(self, expr):
         out, x = expr.outputs[0], expr.inputs[0]
+        if isinstance(out, Scalar):
+            return f"{out} = {self.printed}{x};\n" if self.inline else f"{out} = {self.printed}({x});\n"
         name = self.printed
         if not self.inline and out.dtype() == DataType.Float and self.float_result and name in ("rsqrt", "tanh"):
             name += "f"
@@ -117,6 +119,20 @@ for _name, _fn, _printed, _float, _inline in _UNARY:
 # -- cast / set / stride_order -------------------------------------------------
 
 
+_CAST_NAMES = {DataType.Half: "half", DataType.BFloat16: "bfloat", DataType.Float: "float",
+               DataType.Double: "double", DataType.Int32: "int32", DataType.Int: "int", DataType.Bool: "bool",
+               DataType.Index: "index", DataType.UInt64: "uint"}
+_TO_NAMES = {**_CAST_NAMES, DataType.Int: "int64", DataType.UInt64: "uint64"}
+
+
+def _cast_function(src: DataType, dst: DataType) -> str:
+    """nvFuser's cast function names: __bfloat2float to or from a reduced
+    precision type, else __to_float, __to_double, __to_int64, ..."""
+    if src.is_reduced_precision or dst.is_reduced_precision:
+        return f"__{_CAST_NAMES[src]}2{_CAST_NAMES[dst]}"
+    return f"__to_{_TO_NAMES[dst]}"
+
+
 class CastOp(OpSpec):
     def __init__(self):
         super().__init__("cast")
@@ -141,9 +157,9 @@ class CastOp(OpSpec):
 
     def format(self, expr):
         out, x = expr.outputs[0], expr.inputs[0]
-        src = str(x.dtype()).lstrip("_")
-        dst = str(out.dtype()).lstrip("_")
-        return f"{out}\n   = __{src}2{dst}({x});\n"
+        if isinstance(out, Scalar):
+            return f"{out} = {_cast_function(x.dtype(), out.dtype())}({x});\n"
+        return f"{out}\n   = {_cast_function(x.dtype(), out.dtype())}({x});\n"
 
 
 class SetOp(OpSpec):
@@ -156,6 +172,8 @@ class SetOp(OpSpec):
     def define(self, arg, stride_order=None):
         fusion = common.current_fusion(arg)
         arg = common.expect_tv(arg, self.name, "arg")
+        if stride_order is not None and len(stride_order) == 0:
+            stride_order = None  # translate_fusion (0.2.36) prints the default order as []
         if stride_order is not None:
             rank = arg.ndim
             if sorted(stride_order) != list(range(rank)):
@@ -236,6 +254,8 @@ class BinaryOp(OpSpec):
 
     def format(self, expr):
         out, a, b = expr.outputs[0], expr.inputs[0], expr.inputs[1]
+        if isinstance(out, Scalar):
+            return f"{out} = {a} {self.printed} {b};\n" if self.inline else f"{out} = {self.printed}({a}, {b});\n"
         if self.inline:
             return f"{out}\n   = {a}\n   {self.printed} {b};\n"
         return f"{out}\n   = {self.printed}({a}\n  , {b});\n"
@@ -291,6 +311,8 @@ class WhereOp(OpSpec):
 
     def format(self, expr):
         out, c, a, b = expr.outputs[0], *expr.inputs
+        if isinstance(out, Scalar):
+            return f"{out} = where({c}, {a}, {b});\n"
         return f"{out}\n   = where({c}\n  , {a}\n  , {b});\n"
 
 

@@ -56,6 +56,8 @@ class UniformOp(OpSpec):
         lo, hi = expr.inputs[:2]
         out = expr.outputs[0]
         shape = ", ".join(str(i.extent()) for i in out.logical)
+        if expr.attrs["seed"] is None and lo.is_const() and hi.is_const() and (lo.value, hi.value) == (0, 1):
+            return f"{out}\n   = rng_uniform({{{shape}}}, {out.dtype()});\n"  # nvFuser's RNGOp Uniform
         text = f"{out}\n   = rng_uniform_range({{{shape}}}, {lo}, {hi}, {out.dtype()}"
         if expr.attrs["seed"] is not None:
             text += f", {expr.attrs['seed']}"

@@ -489,7 +489,7 @@ class ReshapeOp(OpSpec):
         return [args[0].reshape(ctx.out_shape(0))]
 
     def format(self, expr):
-        return f"{expr.outputs[0]} = view( {expr.inputs[0]} )\n"
+        return f"{expr.outputs[0]} = reshape( {expr.inputs[0]} )\n"  # 0.2.36 prints reshape
 
 
 _reshape = register(ReshapeOp())

@@ -6,7 +6,10 @@ legacy_reference_order: linear takes weight, bias, input; matmul the second
 operand first; otherwise most-sharded operand first); the first source to
 claim a mesh axis wins, and annotated tensors never change. Then one
 backward sweep copies mesh axes a result has and its operand lacks. Mesh
-axes on reduction axes (pending sums) do not count as claimed.
+axes on reduction axes (pending sums) do not count as claimed. An axis
+that merges factors (a reshape's [h, d] -> [h*d]) takes the outermost
+factor's split when only that one is sharded. Broadcast axes are never
+sharded (their rules name no factor).
 """
 
 from __future__ import annotations
@@ -50,9 +53,17 @@ class LegacyPropagation:
                     by_factor[f] = d
         claimed = self._claimed(target)
         for k, factors in tgt_axes:
-            if len(factors) != 1 or factors[0] not in by_factor or tgt_state.layouts[k]:
+            if factors[0] not in by_factor or tgt_state.layouts[k]:
                 continue
-            digits = by_factor[factors[0]]
+            if len(factors) == 1:
+                digits = by_factor[factors[0]]
+            elif not any(f in by_factor for f in factors[1:]):
+                # an axis merging factors (a reshape [.., h, d] -> [.., h*d]) takes the
+                # outermost factor's device split, as nvFuser's transform replay does
+                digits = layout.join_layouts([by_factor[factors[0]]] + [()] * (len(factors) - 1),
+                                             [rule.factors[f].extent for f in factors])
+            else:
+                continue
             is_red = target.logical[k].is_reduction()
             if not is_red and set(layout.mesh_axes_of(digits)) & claimed:
                 continue

@@ -212,10 +212,10 @@ def test_transformer_builds_and_prints():
     assert _has_no_annotations(fd)
     assert len(fd.fusion.inputs()) == 13 and fd.fusion.outputs() == list(named.values())
     text = fd.fusion.print_math()
-    for op in ("= sdpa(", "= linear(", "Welford", "= rng_uniform_range(", " = view(", "= slice(", "Set.Permute(",
+    for op in ("= sdpa(", "= linear(", "Welford", "= rng_uniform(", " = reshape(", "= slice(", "Set.Permute(",
                "= Set(", "= tanhf(", "= rsqrtf(", "__float2bfloat("):
         assert op in text, op
-    assert text.count("= linear(") == 4 and text.count("= rng_uniform_range(") == 2
+    assert text.count("= linear(") == 4 and text.count("= rng_uniform(") == 2
 
 
 @pytest.mark.parametrize("p", [0.0, 0.1])

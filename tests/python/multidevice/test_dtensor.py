@@ -24,8 +24,9 @@ PT = nvfuser.ParallelType
 
 @pytest.fixture
 def world(multidevice_test):
-    """torch's default process group over the mpirun job (made here if nvshard
-    has not made one); returns the number of processes."""
+    """torch's default process group over the mpirun job, made here as a
+    DTensor program makes it (nvshard never does); returns the number of
+    processes."""
     comm = multidevice_test.communicator
     if not dist.is_initialized():
         port = None

@@ -1,0 +1,114 @@
+"""Write nvshard's decided shardings onto the real TensorViews.
+
+Only TensorViews the user left without a mesh are written; annotated ones
+are never touched. Broadcast axes are never split. A layout (see
+multidevice/layout.py) becomes device splits, outermost digit first: a mesh
+axis is an outer split by its size, parallelized; a local block followed by
+mesh axes is an inner split by their product; a layout on a reduction axis
+(a pending sum) is written the same way onto the reduction axis (rDID).
+
+Every write is computed and checked first (`plan_writes`); nothing is
+applied to the real fusion until all of them are known to be writable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.nodes import NvShardError
+from ..ir.sizes import Size
+from ..multidevice import layout
+from .reader import ReadFusion, real_module
+
+_REAL_PARALLEL = {"x": "mesh_x", "y": "mesh_y", "z": "mesh_z"}
+
+
+@dataclass
+class TvWrite:
+    number: int
+    devices: list  # the mesh's device ids
+    mesh_shape: tuple
+    # (kind, loop position, factor, position to parallelize, mesh axis); kind "outer" / "inner" split,
+    # or "leaf": parallelize the axis left last, unsplit
+    steps: list = field(default_factory=list)
+    described: list = field(default_factory=list)  # per logical axis: "DIDx", "DIDy*DIDx", ... or ""
+
+    def describe(self) -> str:
+        axes = ", ".join(d or "-" for d in self.described)
+        return f"T{self.number}: mesh {list(self.devices)} shape {self.mesh_shape}, axes [{axes}]"
+
+
+def plan_writes(read: ReadFusion, plan) -> list:
+    writes = []
+    for number, (real_tv, tv) in sorted(read.pairs.items()):
+        if read.annotated(number):
+            continue
+        state = plan.propagated.get(tv)
+        if state is None or state.mesh is None:
+            continue
+        loop, logical = real_tv.get_loop_domain(), real_tv.get_logical_domain()
+        if [str(i) for i in loop] != [str(i) for i in logical]:
+            raise NvShardError(f"T{number} has no device mesh but a scheduled loop domain ({real_tv}); "
+                               f"nvshard writes device splits only onto unscheduled TensorViews")
+        mesh = state.mesh
+        write = TvWrite(number, list(mesh.vector), tuple(mesh.shape), described=[""] * len(tv.logical))
+        # last axis first, so the loop positions of the axes before stay valid
+        for k in reversed(range(len(tv.logical))):
+            digits = state.layouts[k]
+            if not digits or tv.logical[k].is_broadcast():
+                continue
+            write.steps += _axis_steps(number, k, digits, mesh.axis_sizes())
+            write.described[k] = layout.describe(digits)
+        writes.append(write)
+    return writes
+
+
+def _axis_steps(number: int, k: int, digits, sizes: dict) -> list:
+    """Splits turning logical axis k (at loop position k) into `digits`."""
+
+    def extent(d):
+        return Size(sizes[d]) if isinstance(d, str) else Size.of(d)
+
+    steps, pos = [], k
+    for i, d in enumerate(digits[:-1]):
+        rest = digits[i + 1:]
+        if isinstance(d, str):
+            steps.append(("outer", pos, sizes[d], pos, d))
+        else:
+            product = Size(1)
+            for r in rest:
+                product = product * extent(r)
+            if product.value is not None:
+                steps.append(("inner", pos, product.value, None, None))
+            elif extent(d).value is not None:
+                steps.append(("outer", pos, extent(d).value, None, None))
+            else:
+                raise NvShardError(
+                    f"T{number} axis {k}: layout {layout.describe(digits)} needs a split by a symbolic extent; "
+                    f"pass global input shapes"
+                )
+        pos += 1
+    if isinstance(digits[-1], str):
+        steps.append(("leaf", pos, None, pos, digits[-1]))
+    return steps
+
+
+def apply_writes(read: ReadFusion, writes: list) -> None:
+    import torch
+
+    nvf = real_module()
+    # not a context manager: the guard is active while the object lives
+    guard = nvf.FusionGuard(read.real_fusion)
+    try:
+        for w in writes:
+            real_tv = read.pairs[w.number][0]
+            real_tv.set_device_mesh(nvf.multidevice.DeviceMesh(torch.tensor(w.devices).reshape(w.mesh_shape)))
+            for kind, pos, factor, par_pos, mesh_axis in w.steps:
+                if kind == "outer":
+                    real_tv.outer_split(pos, factor)
+                elif kind == "inner":
+                    real_tv.inner_split(pos, factor)
+                if mesh_axis is not None:
+                    real_tv.axis(par_pos).parallelize(getattr(nvf.ParallelType, _REAL_PARALLEL[mesh_axis]))
+    finally:
+        del guard
