@@ -14,8 +14,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..ir.nodes import TensorView
-from . import compute_sharding as cs
 from .program import TvState
+from .projection import plan_compute, resolved
 from ..multidevice import layout
 from .reshard import NumelModel, format_bytes, plan_reshard
 
@@ -111,19 +111,14 @@ class CostModel:
             for k, d in enumerate(outs[o].layouts):
                 if d is None:
                     outs[o].layouts[k] = ()
-        result_states = [outs[o] for o in expr.tv_outputs]
-        rule = self.program.rule(expr)
-        factors = cs.factor_layouts(expr, result_states, rule)
-        mesh = next((s.mesh for s in result_states if s.mesh is not None), None)
+        compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr))
         total = Cost(symbolic=self.symbolic)
-        for i, tv in enumerate(expr.tv_inputs):
-            required = cs.required_state(expr, i, factors, mesh, rule)
-            actual = cs.resolved(tv, states[tv])  # its producer resolved any partial sums
+        for tv, required in zip(expr.tv_inputs, compute.operands):
+            actual = resolved(tv, states[tv])  # its producer resolved any partial sums
             src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
             total = total + self.reshard(tv, src, required)
-        for i, tv in enumerate(expr.tv_outputs):
-            produced = cs.produced_state(expr, i, factors, mesh, rule)
-            total = total + self.reshard(tv, produced, cs.resolved(tv, outs[tv]))
+        for tv, produced in zip(expr.tv_outputs, compute.results):
+            total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
 
 

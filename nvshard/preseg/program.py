@@ -70,6 +70,7 @@ class Program:
         self._tv_counter = fusion._tv_counter
         self._id_counter = fusion._id_counter
         self._rendered: dict = {}
+        self._rules: dict = {}
         self.producer: dict[TensorView, Expr] = {}
         self.consumers: dict[TensorView, list[Expr]] = {}
         self.index()
@@ -88,7 +89,12 @@ class Program:
         return list(self.state)
 
     def rule(self, expr):
-        return expr.rule(self.sizes)
+        """The expr's rule for this program's sizes (looked up once per expr:
+        a sized rule's key evaluates shapes)."""
+        rule = self._rules.get(expr)
+        if rule is None:
+            rule = self._rules[expr] = expr.rule(self.sizes)
+        return rule
 
     def fill_meshes(self, mesh_of: dict, fixed) -> None:
         """Give tensors no sharding reached (uniform's output, replicated

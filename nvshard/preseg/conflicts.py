@@ -1,0 +1,169 @@
+"""Conflict resolution: which of a tensor's competing choices to apply.
+
+A candidate is a maximal set of the tensor's choices that do not compete
+(with the longest compatible prefix of multi-axis layouts offered too, as
+Shardy does). Candidates are scored by, in order:
+
+  1. the priority of what they drop (dropping a higher-priority sharding loses);
+  2. the bytes the adjacent exprs would move (concrete sizes), or the
+     weights-stationary heuristic (symbolic sizes; see cost.py): open
+     neighbours may follow the candidate (propagation would carry it) or
+     keep their own proposals;
+  3. keep the producer's sharding (data flows forward);
+  4. outer axes first (a deterministic last resort).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..multidevice import layout
+from ..ops.registry import FactorKind
+from .cost import Cost
+from .program import TvState
+from .projection import join_axis, project, tensor_axes
+from .proposals import Choice, Direction, compete
+
+
+@dataclass
+class Scored:
+    """A conflict candidate and what decides its rank."""
+
+    choices: list  # [Choice]
+    cost: Cost
+    dropped_priority: float  # the best priority among the choices it leaves out (inf: none)
+    forward: int  # choices that keep a producer's sharding
+    signature: tuple  # outer axes first
+
+    def key(self) -> tuple:
+        return (-self.dropped_priority, self.cost.key(), -self.forward, self.signature)
+
+
+class ConflictResolver:
+    """Resolves one conflicted tensor at a time against the engine's current
+    state (decisions, meshes and choices)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.cost = engine.cost
+
+    def resolve(self, tv) -> tuple:
+        """(the winning choices, why), logged with every candidate's cost."""
+        candidates, pool = self._candidates(tv)
+        scored = []
+        for choices in candidates:
+            dropped = [m for m in pool if m not in choices]
+            scored.append(Scored(
+                choices, self._cost(tv, choices), min((m.priority for m in dropped), default=float("inf")),
+                sum(1 for m in choices if any(p.direction is Direction.FORWARD for p in m.sources)),
+                tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in choices))))
+        scored.sort(key=Scored.key)
+        best = scored[0]
+        reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
+        self.engine.log.conflict(tv, [(s.choices, s.cost) for s in scored], best.choices, reason)
+        return best.choices, reason
+
+    def _candidates(self, tv) -> tuple:
+        easy, conflicting = self.engine.classify(tv)
+        pool = easy + conflicting
+        # A layout over several mesh axes may lose its inner ones to a competitor
+        # and keep its outer ones: offer those prefixes too.
+        for m in list(conflicting):
+            axes = layout.mesh_axes_of(m.digits)
+            for j in range(1, len(axes)):
+                digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
+                if not any(o.axis == m.axis and layout.same(o.digits, digits) for o in pool):
+                    pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, list(m.sources)))
+        by_axis: dict = {}
+        for m in pool:
+            by_axis.setdefault(m.axis, []).append(m)
+        candidates = []
+        for combo in itertools.product(*[by_axis[a] + [None] for a in sorted(by_axis)]):
+            chosen = [m for m in combo if m is not None]
+            if chosen and not any(compete(tv, a, b) for a, b in itertools.combinations(chosen, 2)):
+                candidates.append(chosen)
+        # keep maximal candidates only: adding a compatible choice is free
+        maximal = []
+        for c in candidates:
+            ids = {id(m) for m in c}
+            if not any(ids < {id(m) for m in d} for d in candidates):
+                maximal.append(c)
+        return maximal, pool
+
+    def _cost(self, tv, chosen: list) -> Cost:
+        """Bytes the exprs around tv would move with `chosen` applied."""
+        engine = self.engine
+        mesh = engine.mesh[tv] or next((m.mesh for m in chosen if m.mesh is not None), None)
+        override = {m.axis: m.digits for m in chosen}
+        total = Cost(symbolic=self.cost.symbolic)
+        for e in engine.adjacent.get(tv, []):
+            states, options = {}, {}
+            for t in e.tv_inputs + e.tv_outputs:
+                layouts = [d.digits if d is not None else None for d in engine.decided[t]]
+                t_mesh = engine.mesh[t]
+                if t is tv:
+                    for a, digits in override.items():
+                        layouts[a] = digits
+                    t_mesh = mesh
+                states[t] = TvState(t_mesh if t_mesh is not None else mesh, layouts)
+            for o in e.tv_outputs:
+                for k in range(len(o.logical)):
+                    if states[o].layouts[k] is None:
+                        options[(o, k)] = self._options(o, k, e, tv, chosen, states)
+            total = total + self.cost.expr_cost(e, states, options)
+        return total
+
+    def _options(self, out, k, expr, tv, chosen, states) -> list:
+        """Layouts an open result axis may end with: what the candidate implies
+        through the expr (propagation would carry it), its own choices that fit
+        the candidate, or replicated."""
+        opts = []
+        if out is not tv:
+            implied = self._implied(expr, out, k, tv, states)
+            if implied is not None:
+                opts.append(implied)
+        for m in self.engine.valid(out):
+            if m.axis == k and not (out is tv and any(compete(out, m, c) for c in chosen)):
+                opts.append(m.digits)
+        opts.append(())
+        unique = []
+        for o in opts:
+            if not any(layout.same(o, u) for u in unique):
+                unique.append(o)
+        return unique
+
+    def _implied(self, expr, out, k, tv, states):
+        """The layout `tv`'s known axes give result axis k of `expr`."""
+        rule = self.engine.p.rule(expr)
+        mesh = states[tv].mesh
+        pairs = tensor_axes(expr, tv, rule)
+        if mesh is None or pairs is None:
+            return None
+        # only the layouts tv knows; open axes (None) carry nothing
+        known = [d or () for d in states[tv].layouts]
+        per_factor = project(pairs, known, rule, mesh.axis_sizes(), skip_replicated=True)
+        factors = rule.results[expr.tv_outputs.index(out)][k]
+        if not any(f in per_factor for f in factors):
+            return None
+        if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
+            return None
+        return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
+
+
+def _why(best: Scored, runner_up, symbolic: bool) -> str:
+    if runner_up is None:
+        return "only consistent choice"
+    bp, bc, bf, _ = best.key()
+    rp, rc, rf, _ = runner_up.key()
+    if bp != rp:
+        dropped = best.dropped_priority if best.dropped_priority != float("inf") else runner_up.dropped_priority
+        return f"priority: the alternative drops a priority-{dropped} sharding"
+    if bc != rc:
+        if symbolic and bc[0] != rc[0]:
+            return "heuristic: weights stay stationary (symbolic sizes)"
+        return f"fewer bytes ({best.cost.describe()} vs {runner_up.cost.describe()})"
+    if bf != rf:
+        return f"tie on bytes ({best.cost.describe()}): keep the producer's sharding"
+    return "tie: outer axes first"
+
