@@ -74,14 +74,14 @@ class ConflictResolver:
             for j in range(1, len(axes)):
                 digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
                 if not any(o.axis == m.axis and layout.same(o.digits, digits) for o in pool):
-                    pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, list(m.sources)))
+                    pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, m.reduction, list(m.sources)))
         by_axis: dict = {}
         for m in pool:
             by_axis.setdefault(m.axis, []).append(m)
         candidates = []
         for combo in itertools.product(*[by_axis[a] + [None] for a in sorted(by_axis)]):
             chosen = [m for m in combo if m is not None]
-            if chosen and not any(compete(tv, a, b) for a, b in itertools.combinations(chosen, 2)):
+            if chosen and not any(compete(a, b) for a, b in itertools.combinations(chosen, 2)):
                 candidates.append(chosen)
         # keep maximal candidates only: adding a compatible choice is free
         maximal = []
@@ -124,7 +124,7 @@ class ConflictResolver:
             if implied is not None:
                 opts.append(implied)
         for m in self.engine.valid(out):
-            if m.axis == k and not (out is tv and any(compete(out, m, c) for c in chosen)):
+            if m.axis == k and not (out is tv and any(compete(m, c) for c in chosen)):
                 opts.append(m.digits)
         opts.append(())
         unique = []

@@ -213,12 +213,12 @@ class Engine:
 
     def _expr_proposals(self, expr) -> list:
         decided = self.decided
-        slots = axis_factors(expr, self.p.rule(expr))
+        rule = self.p.rule(expr)
+        slots = axis_factors(expr, rule)
         targets = [s for s in slots
-                   if decided[s.tv][s.axis] is None and not (s.tv in self.frozen and not s.reduction)]
+                   if decided[s.tv][s.axis] is None and not (s.reduction is False and s.tv in self.frozen)]
         if not targets:
             return []
-        rule = self.p.rule(expr)
         opinions: dict = {}  # factor -> [Opinion]
         for s in slots:
             d = decided[s.tv][s.axis]
@@ -235,12 +235,13 @@ class Engine:
                     opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, s.compound))
         if not opinions:
             return []
+        kinds = _factor_kinds(rule)
         proposals = []
         for s in targets:
             is_pending = s.reduction and s.role is Role.RESULT
             per_factor = []
             for f in s.factors:
-                kind = rule.factors[f].kind
+                kind = kinds[f]
                 ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o.tv is not s.tv]
                 if is_pending and kind is FactorKind.SUM:
                     ops = self._pending_options(f, ops, slots)
@@ -250,21 +251,24 @@ class Engine:
                 per_factor.append(ops)
             if per_factor is None or not any(per_factor):
                 continue
+            if not s.compound:
+                # one factor: one proposal per opinion
+                stage = Stage.crossing(kinds[s.factors[0]], False)
+                for c in per_factor[0]:
+                    proposals.append(Proposal(
+                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
+                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction))
+                continue
             # a factor nobody has an opinion on stays whole in this proposal
             options = [o if o else [None] for o in per_factor]
             for combo in itertools.product(*options):
                 real = [c for c in combo if c is not None]
-                if len(combo) == 1:
-                    digits = real[0].digits
-                else:
-                    digits = layout.join_layouts([c.digits if c is not None else () for c in combo], s.extents)
+                digits = layout.join_layouts([c.digits if c is not None else () for c in combo], s.extents)
                 first = real[0]
-                stage = max(Stage.crossing(rule.factors[f].kind, s.compound or (c is not None and c.compound))
-                            for f, c in zip(s.factors, combo))
                 proposals.append(Proposal(
                     s.tv, s.axis, digits, next((c.mesh for c in real if c.mesh is not None), None),
-                    max(c.priority for c in real), stage, expr, s.names, first.tv,
-                    Direction.between(first.role, s.role),
+                    max(c.priority for c in real), Stage.RESHAPE, expr, s.names, first.tv,
+                    Direction.between(first.role, s.role), s.reduction,
                 ))
         return proposals
 
@@ -315,15 +319,16 @@ class Engine:
         """tv's proposals that still fit it, merged into one Choice per layout."""
         merged: dict = {}
         used_it, used_red = self._used(tv, False), self._used(tv, True)
+        decided, own_mesh = self.decided[tv], self.mesh[tv]
         for props in self.by_target.get(tv, {}).values():
             for p in props:
-                if self.decided[tv][p.axis] is not None:
+                if decided[p.axis] is not None:
                     continue
-                if self.mesh[tv] is not None and p.mesh is not None and p.mesh != self.mesh[tv]:
+                if own_mesh is not None and p.mesh is not None and p.mesh != own_mesh:
                     continue
-                used = used_red if tv.logical[p.axis].is_reduction() else used_it
+                used = used_red if p.reduction else used_it
                 digits = p.digits
-                if used & set(layout.mesh_axes_of(digits)):
+                if not used.isdisjoint(p.mesh_axes):
                     # keep the outer part that still fits (Shardy's longest compatible prefix)
                     digits = layout.keep_outer(digits, used, p.mesh.axis_sizes())
                     if not digits:
@@ -331,9 +336,10 @@ class Engine:
                 key = (p.axis, layout.key(digits), p.mesh)
                 m = merged.get(key)
                 if m is None:
-                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage)
-                m.priority = min(m.priority, p.priority)
-                m.stage = min(m.stage, p.stage)
+                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction)
+                elif p.priority < m.priority or p.stage < m.stage:
+                    m.priority = min(m.priority, p.priority)
+                    m.stage = min(m.stage, p.stage)
                 m.sources.append(p)
         return list(merged.values())
 
@@ -345,7 +351,7 @@ class Engine:
         valid = self.valid(tv)
         easy, competing = [], []
         for m in valid:
-            if any(compete(tv, m, o) for o in valid if o is not m):
+            if any(compete(m, o) for o in valid if o is not m):
                 competing.append(m)
             else:
                 easy.append(m)
@@ -388,6 +394,13 @@ class Engine:
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
             self.p.state[tv] = TvState(mesh, layouts)
+
+
+def _factor_kinds(rule) -> list:
+    kinds = rule.cache.get("factor_kinds")
+    if kinds is None:
+        kinds = rule.cache["factor_kinds"] = [f.kind for f in rule.factors]
+    return kinds
 
 
 def _number(tv) -> int:

@@ -68,7 +68,7 @@ class Opinion:
     compound: bool  # read off an axis made of several factors
 
 
-@dataclass
+@dataclass(eq=False)
 class Proposal:
     tv: object
     axis: int
@@ -80,9 +80,14 @@ class Proposal:
     factor: str  # factor names, for the log
     source: Optional[object]  # the tensor whose layout is proposed
     direction: Direction
+    reduction: bool  # the target axis is a reduction axis (a pending sum)
+    mesh_axes: frozenset = frozenset()
+
+    def __post_init__(self):
+        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
 
 
-@dataclass
+@dataclass(eq=False)
 class Choice:
     """A layout for one axis of a tensor, with every proposal that offers it."""
 
@@ -91,21 +96,23 @@ class Choice:
     mesh: object
     priority: int
     stage: Stage
+    reduction: bool
     sources: list = field(default_factory=list)  # [Proposal]
+    mesh_axes: frozenset = frozenset()
 
-    def mesh_axes(self) -> set:
-        return set(layout.mesh_axes_of(self.digits))
+    def __post_init__(self):
+        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
 
 
-def compete(tv, a: Choice, b: Choice) -> bool:
-    """Whether two choices for tv cannot both hold."""
+def compete(a: Choice, b: Choice) -> bool:
+    """Whether two choices for one tensor cannot both hold."""
     if a.mesh is not None and b.mesh is not None and a.mesh != b.mesh:
         return True
     if a.axis == b.axis:
         return True  # different layouts for one axis (identical ones were merged)
-    if tv.logical[a.axis].is_reduction() != tv.logical[b.axis].is_reduction():
+    if a.reduction != b.reduction:
         return False  # a mesh axis may be pending and scatter onto an axis
-    return bool(a.mesh_axes() & b.mesh_axes())
+    return not a.mesh_axes.isdisjoint(b.mesh_axes)
 
 
 # -- where a decision came from (formatted only when the log is read) -----------------------
