@@ -469,7 +469,7 @@ class OptimumSearch:
         for tv, s in states.items():
             program.state[tv] = TvState(s.mesh, list(s.layouts))
         plan = Plan(self.fusion, program, self.sizes, "optimum")
-        plan.propagated = {tv: s.copy() for tv, s in program.state.items()}
+        plan.propagated = {tv: TvState(s.mesh, list(s.layouts)) for tv, s in program.state.items()}
         DecomposeReshardingsPass(CostModel(program, self.sizes).numel).run(program)
         plan.record_communications()
         return plan

@@ -18,11 +18,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from ..ir.sizes import Size
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .cost import Cost
 from .program import TvState
-from .projection import join_axis, project, tensor_axes
+from .projection import join_axis, plan_compute, project, tensor_axes
 from .proposals import Choice, Direction, compete
 
 
@@ -63,6 +64,50 @@ class ConflictResolver:
         reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
         self.engine.log.conflict(tv, [(s.choices, s.cost) for s in scored], best.choices, reason)
         return best.choices, reason
+
+    def weigh_partial_sum(self, tv, pending: Choice) -> tuple:
+        """([choices], why) for a pending sum nothing competes with. It stays
+        (the partial results are allreduced), unless summing nothing
+        (gathering the contraction's operands instead) or, with concrete
+        sizes, reduce-scattering onto an open axis of the result moves
+        fewer bytes."""
+        whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
+        options = [[pending], [whole]] + self._scatters(tv, pending)
+        costs = [self._cost(tv, c) for c in options]
+        best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
+        if best == 0:
+            return options[0], ""
+        reason = f"fewer bytes ({costs[best].describe()} vs {costs[0].describe()})"
+        order = [best] + [i for i in range(len(options)) if i != best]
+        self.engine.log.conflict(tv, [(options[i], costs[i]) for i in order], options[best], reason)
+        return options[best], reason
+
+    def _scatters(self, tv, pending: Choice) -> list:
+        """The pending sum with its mesh axes also laid out (as a block) on
+        one open iteration axis of tv that they divide: a reduce-scatter.
+        Only for a fusion output nothing consumes: elsewhere the result's
+        layout is for its consumers' proposals to settle."""
+        engine = self.engine
+        if self.cost.symbolic or tv not in engine.p.outputs or any(e.tv_outputs for e in engine.p.consumers.get(tv, [])):
+            return []
+        axes = layout.mesh_axes_of(pending.digits)
+        if engine.used(tv, reduction=False).intersection(axes):
+            return []
+        sizes = pending.mesh.axis_sizes()
+        devices = 1
+        for m in axes:
+            devices *= sizes[m]
+        out = []
+        for a, id_ in enumerate(tv.logical):
+            if id_.is_reduction() or id_.is_broadcast() or engine.decided[tv][a] is not None:
+                continue
+            extent = self.cost.extent(tv, a)
+            if extent % devices:
+                continue
+            digits = layout.block(axes, Size(int(extent)), sizes)
+            out.append([pending, Choice(a, digits, pending.mesh, pending.priority, pending.stage, False,
+                                        list(pending.sources))])
+        return out
 
     def _candidates(self, tv) -> tuple:
         easy, conflicting = self.engine.classify(tv)
@@ -111,8 +156,30 @@ class ConflictResolver:
                 for k in range(len(o.logical)):
                     if states[o].layouts[k] is None:
                         options[(o, k)] = self._options(o, k, e, tv, chosen, states)
-            total = total + self.cost.expr_cost(e, states, options)
+            shared = {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}
+            total = total + self.cost.expr_cost(e, states, options, shared)
         return total
+
+    def _sharing(self, expr, operand) -> tuple:
+        """(layouts other consumers of `operand` already need it in, how many
+        consumers would share a reshard of it): the consumers with the same
+        rule that read it in the same place and are not decided yet, and expr."""
+        engine = self.engine
+        made, sharers = set(), 1
+        position = expr.tv_inputs.index(operand)
+        shape = _rule_text(engine.p.rule(expr))
+        for other in engine.p.consumers.get(operand, []):
+            if other is expr or not other.tv_outputs:
+                continue
+            decided = [engine.decided[o] for o in other.tv_outputs]
+            if all(d is not None for ds in decided for d in ds):
+                rule = engine.p.rule(other)
+                results = [TvState(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
+                compute = plan_compute(other, results, rule)
+                made.add(compute.operands[other.tv_inputs.index(operand)].key())
+            elif other.tv_inputs.index(operand) == position and _rule_text(engine.p.rule(other)) == shape:
+                sharers += 1
+        return made, sharers
 
     def _options(self, out, k, expr, tv, chosen, states) -> list:
         """Layouts an open result axis may end with: what the candidate implies
@@ -149,6 +216,13 @@ class ConflictResolver:
         if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
             return None
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
+
+
+def _rule_text(rule) -> str:
+    text = rule.cache.get("text")
+    if text is None:
+        text = rule.cache["text"] = rule.describe()
+    return text
 
 
 def _why(best: Scored, runner_up, symbolic: bool) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..ir.nodes import TensorView
 from .program import TvState
@@ -39,6 +40,11 @@ class Cost:
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.weight + other.weight, self.other + other.other, self.symbolic, self.steps + other.steps)
+
+    def scaled(self, factor: float, note: str) -> "Cost":
+        """This cost shared: `note` says why, in the described steps."""
+        steps = [(f"{name} ({note})", step) for name, step in self.steps]
+        return Cost(self.weight * factor, self.other * factor, self.symbolic, steps)
 
     def describe(self) -> str:
         if self.symbolic:
@@ -71,6 +77,10 @@ class CostModel:
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
 
+    def price(self, tv: TensorView, src: TvState, dst: TvState) -> float:
+        """Bytes a reshard moves, as plan_compute weighs its alternatives."""
+        return reshard_bytes(tv, src, dst, self.numel)
+
     def reshard(self, tv: TensorView, src: TvState, dst: TvState) -> Cost:
         if src.key() == dst.key():
             return Cost(symbolic=self.symbolic)
@@ -81,10 +91,14 @@ class CostModel:
             return Cost(total, 0.0, self.symbolic, named)
         return Cost(0.0, total, self.symbolic, named)
 
-    def expr_cost(self, expr, states: dict, options: dict) -> Cost:
+    def expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict] = None) -> Cost:
         """Cheapest way to run `expr`. `states[tv]` holds known layouts (None
         where an axis is still open); an open operand axis costs nothing (it
-        will be laid out as needed); open result axes try `options[(tv, k)]`."""
+        will be laid out as needed); open result axes try `options[(tv, k)]`.
+        `shared[operand]` = (layouts other consumers already reshard it to,
+        consumers that would share a reshard of it): the decomposition
+        reshards an operand once per layout, so a reshard already made costs
+        nothing and one several consumers would make counts once among them."""
         outputs = expr.tv_outputs
         open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
         choices = [options.get(key, [()]) for key in open_axes]
@@ -97,29 +111,44 @@ class CostModel:
                 filled[o].layouts[k] = digits
             if not all(_consistent(o, filled[o]) for o in outputs):
                 continue
-            cost = self._run_cost(expr, states, filled)
+            cost = self._run_cost(expr, states, filled, shared)
             if best is None or cost.key() < best.key():
                 best = cost
         if best is None:  # every completion reused a mesh axis: leave them replicated
             filled = {o: TvState(states[o].mesh, [() if d is None else d for d in states[o].layouts])
                       for o in outputs}
-            best = self._run_cost(expr, states, filled)
+            best = self._run_cost(expr, states, filled, shared)
         return best
 
-    def _run_cost(self, expr, states, outs) -> Cost:
+    def _run_cost(self, expr, states, outs, shared=None) -> Cost:
         for o in expr.tv_outputs:
             for k, d in enumerate(outs[o].layouts):
                 if d is None:
                     outs[o].layouts[k] = ()
-        compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr))
+        actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
+        compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
+                               self.price)
         total = Cost(symbolic=self.symbolic)
-        for tv, required in zip(expr.tv_inputs, compute.operands):
-            actual = resolved(tv, states[tv])  # its producer resolved any partial sums
+        for tv, actual, required in zip(expr.tv_inputs, actuals, compute.operands):
             src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
-            total = total + self.reshard(tv, src, required)
+            cost = self.reshard(tv, src, required)
+            if shared and tv in shared and cost.total:
+                made, sharers = shared[tv]
+                if required.key() in made:
+                    cost = cost.scaled(0.0, "made already")
+                elif sharers > 1:
+                    cost = cost.scaled(1.0 / sharers, f"shared by {sharers} consumers")
+            total = total + cost
         for tv, produced in zip(expr.tv_outputs, compute.results):
             total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
+
+
+def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
+    """Bytes received per device by the reshard plan from src to dst."""
+    if src.key() == dst.key():
+        return 0.0
+    return sum(s.bytes for s in plan_reshard(tv, src, dst, numel))
 
 
 def _consistent(tv, state: TvState) -> bool:

@@ -13,14 +13,17 @@ from ..ir.nodes import TensorView
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
 from .projection import plan_compute, resolved
+from .cost import reshard_bytes
 from .reshard import NumelModel, plan_reshard
 
 
 class DecomposeReshardingsPass:
     name = "DecomposeReshardingsPass"
 
-    def __init__(self, numel: NumelModel):
+    def __init__(self, numel: NumelModel, weigh_alternatives: bool = True):
         self.numel = numel
+        # False: every expr computes as its results say (nvFuser's way, for legacy mode)
+        self.weigh_alternatives = weigh_alternatives
 
     def run(self, program: Program) -> None:
         exprs = []
@@ -46,11 +49,16 @@ class DecomposeReshardingsPass:
                 cache[key] = emit(tv, steps) if steps else tv
             return cache[key]
 
+        def price(tv, src, dst) -> float:
+            return reshard_bytes(tv, src, dst, self.numel)
+
         for expr in program.exprs:
             if not expr.tv_outputs:
                 exprs.append(expr)
                 continue
-            compute = plan_compute(expr, [program.state[o] for o in expr.tv_outputs], program.rule(expr))
+            compute = plan_compute(expr, [program.state[o] for o in expr.tv_outputs], program.rule(expr),
+                                   [program.state[v] for v in expr.tv_inputs],
+                                   price if self.weigh_alternatives else None)
             operands = iter(compute.operands)
             inputs = [reshard(v, next(operands)) if isinstance(v, TensorView) else v for v in expr.inputs]
             outputs, after = [], []

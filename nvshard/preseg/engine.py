@@ -72,6 +72,7 @@ class Engine:
         self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
         self._used_cache: dict = {}
         self.depth, self.canon = _structure(program)
+        self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
         self._seed()
 
@@ -117,7 +118,7 @@ class Engine:
             while True:
                 easy = self._easy()
                 if easy:
-                    self._apply(easy)
+                    self._apply_easy(easy)
                     continue
                 target = self._next_conflict()
                 if target is not None:
@@ -195,10 +196,10 @@ class Engine:
         mesh = self.mesh[tv]
         if mesh is None:
             return False
-        used = self._used(tv, reduction=False)
+        used = self.used(tv, reduction=False)
         return set(mesh.axis_names) <= used
 
-    def _used(self, tv, reduction: bool) -> set:
+    def used(self, tv, reduction: bool) -> set:
         """Mesh axes tv's decided iteration (or reduction) axes use; cached
         until tv's decisions change."""
         key = (tv, reduction)
@@ -236,6 +237,12 @@ class Engine:
         if not opinions:
             return []
         kinds = _factor_kinds(rule)
+        # Through a contraction, an operand still open may yet bring a
+        # competing sharding: what crosses the op waits for the contraction
+        # stage, so the pass-through wave reaches that operand first.
+        waiting = (not self.releasing and FactorKind.SUM in kinds
+                   and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
+                           for s in slots if s.role is Role.OPERAND))
         proposals = []
         for s in targets:
             is_pending = s.reduction and s.role is Role.RESULT
@@ -254,6 +261,8 @@ class Engine:
             if not s.compound:
                 # one factor: one proposal per opinion
                 stage = Stage.crossing(kinds[s.factors[0]], False)
+                if waiting:
+                    stage = max(stage, Stage.CONTRACTION)
                 for c in per_factor[0]:
                     proposals.append(Proposal(
                         s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
@@ -286,7 +295,7 @@ class Engine:
                 return None
             if d is not None and d.digits:
                 continue
-            used = self._used(tv, reduction=False)
+            used = self.used(tv, reduction=False)
             for o in ops:
                 if used & set(layout.mesh_axes_of(o.digits)):
                     prio = max((x.priority for x in self.decided[tv] if x is not None), default=self.level)
@@ -318,8 +327,8 @@ class Engine:
     def valid(self, tv) -> list:
         """tv's proposals that still fit it, merged into one Choice per layout."""
         merged: dict = {}
-        used_it, used_red = self._used(tv, False), self._used(tv, True)
-        decided, own_mesh = self.decided[tv], self.mesh[tv]
+        used_it, used_red = self.used(tv, False), self.used(tv, True)
+        decided, own_mesh = self.decided[tv], self.mesh[tv] or self.home.get(tv)
         for props in self.by_target.get(tv, {}).values():
             for p in props:
                 if decided[p.axis] is not None:
@@ -373,6 +382,16 @@ class Engine:
             changed.add(tv)
         self._after_change(changed)
 
+    def _apply_easy(self, items: list) -> None:
+        """Easy choices apply as they are, except that a pending sum competes
+        with summing nothing (the contraction's operands gathered instead)."""
+        pending = [(tv, m) for tv, m in items if m.reduction and m.digits]
+        self._apply([(tv, m) for tv, m in items if not (m.reduction and m.digits)])
+        for tv, m in pending:
+            if self.decided[tv][m.axis] is None:
+                choices, reason = self.resolver.weigh_partial_sum(tv, m)
+                self._apply([(tv, c) for c in choices], reason)
+
     def _after_change(self, changed) -> None:
         exprs: dict = {}
         for tv in sorted(changed, key=_number):
@@ -387,7 +406,7 @@ class Engine:
             for k, d in enumerate(self.decided[tv]):
                 if d is None:
                     self.decided[tv][k] = Decision((), self.level, Stage.ANNOTATION, Unreached())
-        self.p.fill_meshes(self.mesh, self.frozen)
+        self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]
             layouts = [d.digits for d in self.decided[tv]]
@@ -405,6 +424,22 @@ def _factor_kinds(rule) -> list:
 
 def _number(tv) -> int:
     return tv.number
+
+
+def _stage_meshes(program: Program) -> dict:
+    """The mesh of each computed tensor's pipeline stage: the one mesh the
+    user placed its nearest placed producers on (none when they disagree or
+    nothing upstream is placed). A tensor stays in its stage: a consumer
+    placed on another mesh is a stage cut, so shardings do not pull the
+    tensor over to it; the data crosses at the cut."""
+    home = {}
+    for e in program.exprs:
+        meshes = {t.mesh if t.mesh is not None else home.get(t) for t in e.tv_inputs}
+        meshes.discard(None)
+        for o in e.tv_outputs:
+            if o.mesh is None and len(meshes) == 1:
+                home[o] = next(iter(meshes))
+    return home
 
 
 def _structure(program: Program):

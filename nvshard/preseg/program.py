@@ -96,13 +96,18 @@ class Program:
             rule = self._rules[expr] = expr.rule(self.sizes)
         return rule
 
-    def fill_meshes(self, mesh_of: dict, fixed) -> None:
+    def fill_meshes(self, mesh_of: dict, fixed, home: Optional[dict] = None) -> None:
         """Give tensors no sharding reached (uniform's output, replicated
-        intermediates) a neighbour's mesh, as nvFuser back-propagates meshes:
-        the mesh most neighbours have, then the lowest device ids; all at once
-        per round, so the order ops were defined in does not matter. `fixed`
-        tensors (annotated, or inputs that live on every device) keep theirs."""
+        intermediates) their pipeline stage's mesh (`home`, where known),
+        else a neighbour's, as nvFuser back-propagates meshes: the mesh most
+        neighbours have, then the lowest device ids; all at once per round,
+        so the order ops were defined in does not matter. `fixed` tensors
+        (annotated, or inputs that live on every device) keep theirs."""
         open_tvs = [tv for tv in self.state if mesh_of[tv] is None and tv not in fixed]
+        if home:
+            for tv in open_tvs:
+                mesh_of[tv] = home.get(tv)
+            open_tvs = [tv for tv in open_tvs if mesh_of[tv] is None]
         while open_tvs:
             updates = {}
             for tv in open_tvs:

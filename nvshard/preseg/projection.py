@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..multidevice import layout
 from ..ops.registry import FactorKind
@@ -170,17 +170,89 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
     return out
 
 
-def plan_compute(expr, result_states: list, rule) -> ComputePlan:
-    """How `expr` computes given its results' shardings (as in nvFuser, a
-    result's sharding decides the computation). Used by the cost model and
-    the decomposition pass alike."""
-    factors = factor_layouts(expr, result_states, rule)
+def plan_compute(expr, result_states: list, rule, operand_states: Optional[list] = None,
+                 price: Optional[Callable] = None) -> ComputePlan:
+    """How `expr` computes given its results' shardings. Used by the cost
+    model and the decomposition pass alike.
+
+    As in nvFuser, a result's sharding decides the computation. Given the
+    operands' states and `price(tv, src, dst)` (the bytes of a reshard),
+    computing on the operands' shards and resharding the results after
+    competes with it by the bytes moved before and after the op, ties
+    keeping the results' way: a replicated result of sharded operands is
+    then one gather of the result, not one per operand."""
+    base = _compute_plan(expr, factor_layouts(expr, result_states, rule), result_states, rule)
+    if price is None or operand_states is None or base.mesh is None:
+        return base
+    best, best_cost = base, _plan_cost(expr, base, result_states, operand_states, price)
+    for factors in _alternatives(expr, base, operand_states, rule):
+        plan = _compute_plan(expr, factors, result_states, rule)
+        if not _realizable(expr, plan):
+            continue
+        cost = _plan_cost(expr, plan, result_states, operand_states, price)
+        if cost < best_cost:
+            best, best_cost = plan, cost
+    return best
+
+
+def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan:
     mesh = next((s.mesh for s in result_states if s is not None and s.mesh is not None), None)
     operands = [TvState(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule))
                 for i, tv in enumerate(expr.tv_inputs)]
     results = [TvState(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule))
                for i, tv in enumerate(expr.tv_outputs)]
     return ComputePlan(mesh, factors, operands, results)
+
+
+def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
+    """Factor layouts other than the results': as the operands on the
+    results' mesh already are (first operand first)."""
+    # a pending sum the user annotated says how to compute: it stays
+    if any(tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
+           for tv in expr.tv_outputs):
+        return []
+    out = []
+    from_operands: dict = {}
+    for i, (tv, state) in enumerate(zip(expr.tv_inputs, operand_states)):
+        if state is None or state.mesh != base.mesh:
+            continue
+        known = [d or () for d in state.layouts]
+        for f, digits in project(operand_axes(expr, i, rule), known, rule, base.mesh.axis_sizes(),
+                                 skip_replicated=True).items():
+            from_operands.setdefault(f, digits)
+    if from_operands and not _same_factors(from_operands, base.factors):
+        out.append(from_operands)
+    return out
+
+
+def _same_factors(a: dict, b: dict) -> bool:
+    keys = set(a) | set(b)
+    return all(layout.same(a.get(f, ()), b.get(f, ())) for f in keys)
+
+
+def _realizable(expr, plan: ComputePlan) -> bool:
+    """No mesh axis lays out two iteration axes (or two reduction axes) of
+    one tensor."""
+    for tv, state in zip(expr.tv_inputs + expr.tv_outputs, plan.operands + plan.results):
+        seen = {False: set(), True: set()}
+        for id_, digits in zip(tv.logical, state.layouts):
+            axes = layout.mesh_axes_of(digits)
+            bucket = seen[id_.is_reduction()]
+            if len(set(axes)) != len(axes) or bucket.intersection(axes):
+                return False
+            bucket.update(axes)
+    return True
+
+
+def _plan_cost(expr, plan: ComputePlan, result_states: list, operand_states: list, price) -> float:
+    total = 0.0
+    for tv, actual, required in zip(expr.tv_inputs, operand_states, plan.operands):
+        if actual is not None:
+            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
+            total += price(tv, src, required)
+    for tv, produced, state in zip(expr.tv_outputs, plan.results, result_states):
+        total += price(tv, produced, resolved(tv, state))
+    return total
 
 
 def result_only_axes(expr, rule, out_index: int) -> list:
