@@ -184,11 +184,13 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     base = _compute_plan(expr, factor_layouts(expr, result_states, rule), result_states, rule)
     if price is None or operand_states is None or base.mesh is None:
         return base
-    best, best_cost = base, _plan_cost(expr, base, result_states, operand_states, price)
+    best, best_cost = base, None
     for factors in _alternatives(expr, base, operand_states, rule):
         plan = _compute_plan(expr, factors, result_states, rule)
         if not _realizable(expr, plan):
             continue
+        if best_cost is None:
+            best_cost = _plan_cost(expr, base, result_states, operand_states, price)
         cost = _plan_cost(expr, plan, result_states, operand_states, price)
         if cost < best_cost:
             best, best_cost = plan, cost
