@@ -194,11 +194,10 @@ class ConflictResolver:
             if m.axis == k and not (out is tv and any(compete(m, c) for c in chosen)):
                 opts.append(m.digits)
         opts.append(())
-        unique = []
+        unique = {}
         for o in opts:
-            if not any(layout.same(o, u) for u in unique):
-                unique.append(o)
-        return unique
+            unique.setdefault(layout.key(o), o)
+        return list(unique.values())
 
     def _implied(self, expr, out, k, tv, states):
         """The layout `tv`'s known axes give result axis k of `expr`."""

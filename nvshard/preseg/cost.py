@@ -62,6 +62,8 @@ class CostModel:
         self.sizes = sizes
         self.symbolic = sizes is None
         self.numel = NumelModel(self.extent)
+        self._answers: dict = {}  # expr_cost by structure and states
+        self._signatures: dict = {}
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
@@ -99,6 +101,39 @@ class CostModel:
         consumers that would share a reshard of it): the decomposition
         reshards an operand once per layout, so a reshard already made costs
         nothing and one several consumers would make counts once among them."""
+        # Stacked layers ask the same question over and over: answers are kept
+        # by the expr's structure and states, with the tensors' names put back.
+        key = self._question(expr, states, options, shared)
+        known = self._answers.get(key)
+        if known is not None:
+            return _renamed(known, expr)
+        best = self._expr_cost(expr, states, options, shared)
+        self._answers[key] = _unnamed(best, expr)
+        return best
+
+    def _question(self, expr, states, options, shared) -> tuple:
+        tensors = expr.tv_inputs + expr.tv_outputs
+        first = {}
+        parts = [_rule_text(self.program.rule(expr)),
+                 tuple(first.setdefault(t, i) for i, t in enumerate(tensors))]
+        for t in tensors:
+            sig = self._signatures.get(t)
+            if sig is None:
+                sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
+            state = states[t]
+            parts.append((sig, state.mesh, tuple(None if d is None else layout.key(d) for d in state.layouts)))
+        for o in expr.tv_outputs:
+            for k, d in enumerate(states[o].layouts):
+                if d is None:
+                    parts.append((first[o], k, tuple(layout.key(x) for x in options.get((o, k), [()]))))
+        if shared:
+            for t in expr.tv_inputs:
+                if t in shared:
+                    made, sharers = shared[t]
+                    parts.append((first[t], frozenset(made), sharers))
+        return tuple(parts)
+
+    def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
         open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
         choices = [options.get(key, [()]) for key in open_axes]
@@ -142,6 +177,36 @@ class CostModel:
         for tv, produced in zip(expr.tv_outputs, compute.results):
             total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
+
+
+def _rule_text(rule) -> str:
+    text = rule.cache.get("text")
+    if text is None:
+        text = rule.cache["text"] = rule.describe()
+    return text
+
+
+def _annotated_sum(tv) -> bool:
+    """A pending sum the user annotated (plan_compute keeps it as it is)."""
+    return tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
+
+
+def _unnamed(cost: Cost, expr) -> Cost:
+    """The cost with each step's tensor named by its place in expr."""
+    place = {}
+    for i, t in enumerate(expr.tv_inputs + expr.tv_outputs):
+        place.setdefault(t.short_name(), i)
+    steps = []
+    for name, step in cost.steps:
+        head, _, note = name.partition(" ")
+        steps.append(((place[head], note), step))
+    return Cost(cost.weight, cost.other, cost.symbolic, steps)
+
+
+def _renamed(cost: Cost, expr) -> Cost:
+    tensors = expr.tv_inputs + expr.tv_outputs
+    steps = [(tensors[i].short_name() + (" " + note if note else ""), step) for (i, note), step in cost.steps]
+    return Cost(cost.weight, cost.other, cost.symbolic, steps)
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
