@@ -211,6 +211,85 @@ def _transformer_case(sp: bool, mesh_shape):
                 True, ("transformer", sp))
 
 
+def _split_input(fd, shape, mesh, axis):
+    tv = fd.define_tensor(shape, dtype=DataType.Float)
+    tv.set_device_mesh(mesh)
+    if axis is not None:
+        tv.outer_split(axis, mesh.size)
+        tv.axis(axis).parallelize(nvfuser.ParallelType.mesh_x)
+    return tv
+
+
+def _quality_cases() -> list:
+    """Plan-quality regressions (tests/python/test_plan_quality.py), f32 on 4 devices."""
+
+    def case(program, variant, define, shapes):
+        def build(designed: bool):
+            with FusionDefinition() as fd:
+                define(fd, make_mesh((4,)))
+
+            def data():
+                g = torch.Generator().manual_seed(0)
+                return [torch.randn(*s, generator=g) for s in shapes]
+            return fd, shapes, data
+        return Case(program, variant, (4,), build, False)
+
+    def weight_gradient(fd, mesh):  # dW = dy^T @ x, both split on the contracted tokens
+        dy, x = (_split_input(fd, [256, 1024], mesh, 0) for _ in range(2))
+        fd.add_output(fd.ops.matmul(fd.ops.permute(dy, [1, 0]), x))
+
+    def replicated_sum(fd, mesh):  # row-sharded a + b into a replicated annotated output
+        a, b = (_split_input(fd, [1024, 512], mesh, 0) for _ in range(2))
+        c = fd.ops.add(a, b)
+        c.set_device_mesh(mesh)
+        fd.add_output(c)
+
+    def three_projections(fd, mesh):  # column-parallel q, k, v of one sequence-parallel x
+        x = _split_input(fd, [2048, 512], mesh, 0)
+        for _ in range(3):
+            fd.add_output(fd.ops.linear(x, _split_input(fd, [1024, 512], mesh, 0)))
+
+    def mlp_backward(fd, mesh):  # two linears forward and backward, tokens split (SP)
+        x, w1, w2, dout = (_split_input(fd, [1024, 512], mesh, 0), _split_input(fd, [2048, 512], mesh, 0),
+                           _split_input(fd, [512, 2048], mesh, 1), _split_input(fd, [1024, 512], mesh, 0))
+        h1 = fd.ops.linear(x, w1)
+        dh1 = fd.ops.matmul(dout, w2)
+        for o in (fd.ops.linear(h1, w2), fd.ops.matmul(dh1, w1), fd.ops.matmul(fd.ops.permute(dh1, [1, 0]), x),
+                  fd.ops.matmul(fd.ops.permute(dout, [1, 0]), h1)):
+            fd.add_output(o)
+
+    def stage_cut(fd, mesh):  # stage 1 on {0, 1}; the user sets its tail's result onto {2, 3}
+        stage1, stage2 = make_mesh((2,)), nvfuser.multidevice.DeviceMesh(torch.tensor([2, 3]))
+        h = fd.ops.relu(_split_input(fd, [2048, 512], stage1, 0))
+        boundary = fd.ops.set(fd.ops.add(fd.ops.mul(h, h), h))
+        boundary.set_device_mesh(stage2)
+        boundary.outer_split(0, 2)
+        boundary.axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+        fd.add_output(fd.ops.relu(boundary))
+
+    def mlp_blocks(layers, t, h):
+        def define(fd, mesh):
+            x = _split_input(fd, [t, h], mesh, 0)
+            for _ in range(layers):
+                up = fd.ops.linear(x, _split_input(fd, [4 * h, h], mesh, 0))
+                x = fd.ops.add(fd.ops.linear(models.gelu_tanh(fd, up), _split_input(fd, [h, 4 * h], mesh, 1)), x)
+            fd.add_output(x)
+        return define
+
+    return [
+        case("weight gradient dy^T x", "t=256 split, h=1024", weight_gradient, [[256, 1024], [256, 1024]]),
+        case("replicated output of sharded operands", "a + b, 1024x512", replicated_sum,
+             [[1024, 512], [1024, 512]]),
+        case("three projections of one SP input", "x 2048x512, W 1024x512", three_projections,
+             [[2048, 512]] + [[1024, 512]] * 3),
+        case("MLP forward+backward SP", "t=1024 h=512 f=2048", mlp_backward,
+             [[1024, 512], [2048, 512], [512, 2048], [1024, 512]]),
+        case("pipeline stage cut", "{0,1} -> set onto {2,3}, 2048x512", stage_cut, [[2048, 512]]),
+        case("stacked MLP blocks SP", "3 layers, t=8192 h=1024", mlp_blocks(3, 8192, 1024),
+             [[8192, 1024]] + [[4096, 1024], [1024, 4096]] * 3),
+    ]
+
+
 def cases() -> list:
     out = []
     for ms in [(1, 2, 2), (2, 2, 2)]:
@@ -227,7 +306,7 @@ def cases() -> list:
     for sp in (False, True):
         for ms in [(4,), (2, 2)]:
             out.append(_transformer_case(sp, ms))
-    return out
+    return out + _quality_cases()
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -430,7 +509,10 @@ def main(argv=None) -> int:
                 dfd, dshapes, _ = case.build(True)
                 row["designed"], plans["designed"] = run_nvshard(dfd, dshapes, "default", ref)
             if not args.no_optimum:
-                row["optimum"] = run_optimum(fd, shapes, dplan, case.mesh_shape)
+                try:
+                    row["optimum"] = run_optimum(fd, shapes, dplan, case.mesh_shape)
+                except Exception as e:  # noqa: BLE001 - keep the row's other columns
+                    row["optimum"] = dict(error=f"{type(e).__name__}: {e}")
                 if "plan" in row["optimum"]:
                     plans["optimum"] = row["optimum"].pop("plan")
             if jax_bench is not None and case.jax_key is not None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..ir.nodes import TensorView
-from . import compute_sharding as cs
 from .program import TvState
+from .projection import plan_compute, resolved
 from ..multidevice import layout
 from .reshard import NumelModel, format_bytes, plan_reshard
 
@@ -40,6 +41,11 @@ class Cost:
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.weight + other.weight, self.other + other.other, self.symbolic, self.steps + other.steps)
 
+    def scaled(self, factor: float, note: str) -> "Cost":
+        """This cost shared: `note` says why, in the described steps."""
+        steps = [(f"{name} ({note})", step) for name, step in self.steps]
+        return Cost(self.weight * factor, self.other * factor, self.symbolic, steps)
+
     def describe(self) -> str:
         if self.symbolic:
             text = f"~{format_bytes(self.total)} (weights {format_bytes(self.weight)})"
@@ -56,6 +62,8 @@ class CostModel:
         self.sizes = sizes
         self.symbolic = sizes is None
         self.numel = NumelModel(self.extent)
+        self._answers: dict = {}  # expr_cost by structure and states
+        self._signatures: dict = {}
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
@@ -71,6 +79,10 @@ class CostModel:
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
 
+    def price(self, tv: TensorView, src: TvState, dst: TvState) -> float:
+        """Bytes a reshard moves, as plan_compute weighs its alternatives."""
+        return reshard_bytes(tv, src, dst, self.numel)
+
     def reshard(self, tv: TensorView, src: TvState, dst: TvState) -> Cost:
         if src.key() == dst.key():
             return Cost(symbolic=self.symbolic)
@@ -81,10 +93,47 @@ class CostModel:
             return Cost(total, 0.0, self.symbolic, named)
         return Cost(0.0, total, self.symbolic, named)
 
-    def expr_cost(self, expr, states: dict, options: dict) -> Cost:
+    def expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict] = None) -> Cost:
         """Cheapest way to run `expr`. `states[tv]` holds known layouts (None
         where an axis is still open); an open operand axis costs nothing (it
-        will be laid out as needed); open result axes try `options[(tv, k)]`."""
+        will be laid out as needed); open result axes try `options[(tv, k)]`.
+        `shared[operand]` = (layouts other consumers already reshard it to,
+        consumers that would share a reshard of it): the decomposition
+        reshards an operand once per layout, so a reshard already made costs
+        nothing and one several consumers would make counts once among them."""
+        # Stacked layers ask the same question over and over: answers are kept
+        # by the expr's structure and states, with the tensors' names put back.
+        key = self._question(expr, states, options, shared)
+        known = self._answers.get(key)
+        if known is not None:
+            return _renamed(known, expr)
+        best = self._expr_cost(expr, states, options, shared)
+        self._answers[key] = _unnamed(best, expr)
+        return best
+
+    def _question(self, expr, states, options, shared) -> tuple:
+        tensors = expr.tv_inputs + expr.tv_outputs
+        first = {}
+        parts = [_rule_text(self.program.rule(expr)),
+                 tuple(first.setdefault(t, i) for i, t in enumerate(tensors))]
+        for t in tensors:
+            sig = self._signatures.get(t)
+            if sig is None:
+                sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
+            state = states[t]
+            parts.append((sig, state.mesh, tuple(None if d is None else layout.key(d) for d in state.layouts)))
+        for o in expr.tv_outputs:
+            for k, d in enumerate(states[o].layouts):
+                if d is None:
+                    parts.append((first[o], k, tuple(layout.key(x) for x in options.get((o, k), [()]))))
+        if shared:
+            for t in expr.tv_inputs:
+                if t in shared:
+                    made, sharers = shared[t]
+                    parts.append((first[t], frozenset(made), sharers))
+        return tuple(parts)
+
+    def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
         open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
         choices = [options.get(key, [()]) for key in open_axes]
@@ -97,34 +146,74 @@ class CostModel:
                 filled[o].layouts[k] = digits
             if not all(_consistent(o, filled[o]) for o in outputs):
                 continue
-            cost = self._run_cost(expr, states, filled)
+            cost = self._run_cost(expr, states, filled, shared)
             if best is None or cost.key() < best.key():
                 best = cost
         if best is None:  # every completion reused a mesh axis: leave them replicated
             filled = {o: TvState(states[o].mesh, [() if d is None else d for d in states[o].layouts])
                       for o in outputs}
-            best = self._run_cost(expr, states, filled)
+            best = self._run_cost(expr, states, filled, shared)
         return best
 
-    def _run_cost(self, expr, states, outs) -> Cost:
+    def _run_cost(self, expr, states, outs, shared=None) -> Cost:
         for o in expr.tv_outputs:
             for k, d in enumerate(outs[o].layouts):
                 if d is None:
                     outs[o].layouts[k] = ()
-        result_states = [outs[o] for o in expr.tv_outputs]
-        rule = self.program.rule(expr)
-        factors = cs.factor_layouts(expr, result_states, rule)
-        mesh = next((s.mesh for s in result_states if s.mesh is not None), None)
+        actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
+        compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
+                               self.price)
         total = Cost(symbolic=self.symbolic)
-        for i, tv in enumerate(expr.tv_inputs):
-            required = cs.required_state(expr, i, factors, mesh, rule)
-            actual = cs.resolved(tv, states[tv])  # its producer resolved any partial sums
+        for tv, actual, required in zip(expr.tv_inputs, actuals, compute.operands):
             src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
-            total = total + self.reshard(tv, src, required)
-        for i, tv in enumerate(expr.tv_outputs):
-            produced = cs.produced_state(expr, i, factors, mesh, rule)
-            total = total + self.reshard(tv, produced, cs.resolved(tv, outs[tv]))
+            cost = self.reshard(tv, src, required)
+            if shared and tv in shared and cost.total:
+                made, sharers = shared[tv]
+                if required.key() in made:
+                    cost = cost.scaled(0.0, "made already")
+                elif sharers > 1:
+                    cost = cost.scaled(1.0 / sharers, f"shared by {sharers} consumers")
+            total = total + cost
+        for tv, produced in zip(expr.tv_outputs, compute.results):
+            total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
+
+
+def _rule_text(rule) -> str:
+    text = rule.cache.get("text")
+    if text is None:
+        text = rule.cache["text"] = rule.describe()
+    return text
+
+
+def _annotated_sum(tv) -> bool:
+    """A pending sum the user annotated (plan_compute keeps it as it is)."""
+    return tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
+
+
+def _unnamed(cost: Cost, expr) -> Cost:
+    """The cost with each step's tensor named by its place in expr."""
+    place = {}
+    for i, t in enumerate(expr.tv_inputs + expr.tv_outputs):
+        place.setdefault(t.short_name(), i)
+    steps = []
+    for name, step in cost.steps:
+        head, _, note = name.partition(" ")
+        steps.append(((place[head], note), step))
+    return Cost(cost.weight, cost.other, cost.symbolic, steps)
+
+
+def _renamed(cost: Cost, expr) -> Cost:
+    tensors = expr.tv_inputs + expr.tv_outputs
+    steps = [(tensors[i].short_name() + (" " + note if note else ""), step) for (i, note), step in cost.steps]
+    return Cost(cost.weight, cost.other, cost.symbolic, steps)
+
+
+def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
+    """Bytes received per device by the reshard plan from src to dst."""
+    if src.key() == dst.key():
+        return 0.0
+    return sum(s.bytes for s in plan_reshard(tv, src, dst, numel))
 
 
 def _consistent(tv, state: TvState) -> bool:

@@ -1,8 +1,8 @@
 """DecomposeReshardings: every producer/consumer sharding mismatch becomes
 explicit communication exprs, one mesh axis at a time.
 
-For each expr, the sharding of its results decides how it computes (see
-compute_sharding.py). Operands laid out differently are resharded first;
+For each expr, the sharding of its results decides how it computes
+(projection.plan_compute). Operands laid out differently are resharded first;
 results that come out differently (partial sums, a local block to keep)
 are resharded after, the last step writing the original result.
 """
@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from ..ir.nodes import TensorView
 from ..ops.communication import COMMUNICATIONS
-from . import compute_sharding as cs
 from .program import Program, TvState
+from .projection import plan_compute, resolved
+from .cost import reshard_bytes
 from .reshard import NumelModel, plan_reshard
 
 
 class DecomposeReshardingsPass:
     name = "DecomposeReshardingsPass"
 
-    def __init__(self, numel: NumelModel):
+    def __init__(self, numel: NumelModel, weigh_alternatives: bool = True):
         self.numel = numel
+        # False: every expr computes as its results say (nvFuser's way, for legacy mode)
+        self.weigh_alternatives = weigh_alternatives
 
     def run(self, program: Program) -> None:
         exprs = []
@@ -46,24 +49,22 @@ class DecomposeReshardingsPass:
                 cache[key] = emit(tv, steps) if steps else tv
             return cache[key]
 
+        def price(tv, src, dst) -> float:
+            return reshard_bytes(tv, src, dst, self.numel)
+
         for expr in program.exprs:
             if not expr.tv_outputs:
                 exprs.append(expr)
                 continue
-            results = [program.state[o] for o in expr.tv_outputs]
-            rule = program.rule(expr)
-            factors = cs.factor_layouts(expr, results, rule)
-            mesh = next((s.mesh for s in results if s.mesh is not None), None)
-            inputs, tv_index = [], 0
-            for v in expr.inputs:
-                if isinstance(v, TensorView):
-                    v = reshard(v, cs.required_state(expr, tv_index, factors, mesh, rule))
-                    tv_index += 1
-                inputs.append(v)
+            compute = plan_compute(expr, [program.state[o] for o in expr.tv_outputs], program.rule(expr),
+                                   [program.state[v] for v in expr.tv_inputs],
+                                   price if self.weigh_alternatives else None)
+            operands = iter(compute.operands)
+            inputs = [reshard(v, next(operands)) if isinstance(v, TensorView) else v for v in expr.inputs]
             outputs, after = [], []
             for i, out in enumerate(expr.tv_outputs):
-                produced = cs.produced_state(expr, i, factors, mesh, rule)
-                final = cs.resolved(out, program.state[out])
+                produced = compute.results[i]
+                final = resolved(out, program.state[out])
                 steps = [] if produced.key() == final.key() else plan_reshard(out, produced, final, self.numel)
                 program.state[out] = final
                 if not steps:

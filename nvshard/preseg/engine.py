@@ -33,70 +33,20 @@ a neighbour. Every decision is logged with its source, priority and stage.
 
 from __future__ import annotations
 
-import enum
-import functools
 import hashlib
 import heapq
 import itertools
-from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..ops.registry import FactorKind
-from .cost import Cost, CostModel
+from .conflicts import ConflictResolver
+from .cost import CostModel
 from .log import DecisionLog
 from .program import Program, TvState
-
-
-@dataclass
-class Decision:
-    digits: tuple
-    priority: int
-    stage: int  # 0 for user annotations
-    source: str
-
-
-class _Entry(NamedTuple):
-    tv: TensorView
-    k: int  # logical axis
-    factors: tuple
-    role: str  # "operand" or "result"
-    extents: list  # of the factors
-    reduction: bool
-    names: str  # factor names, for the log
-
-
-@dataclass
-class Proposal:
-    tv: TensorView
-    axis: int
-    digits: tuple
-    mesh: object
-    priority: int
-    stage: int
-    expr: object
-    factor: str
-    source: Optional[TensorView]
-    direction: str
-
-    def key(self) -> tuple:
-        return (self.axis, layout.key(self.digits), self.mesh)
-
-
-@dataclass
-class Merged:
-    """Identical proposals from several sources, as one candidate."""
-
-    axis: int
-    digits: tuple
-    mesh: object
-    priority: int
-    stage: int
-    sources: list = field(default_factory=list)
-
-    def mesh_axes(self) -> set:
-        return set(layout.mesh_axes_of(self.digits))
+from .projection import Role, axis_factors, split_axis
+from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Proposal, Propagated, Stage,
+                        UnannotatedInput, Unreached, compete)
 
 
 class Engine:
@@ -104,14 +54,14 @@ class Engine:
         self.p = program
         self.cost = cost
         self.log = log
-        self.decided: dict[TensorView, list] = {}
+        self.decided: dict[TensorView, list] = {}  # tv -> [Decision or None] per logical axis
         self.mesh: dict[TensorView, object] = {}
         self.frozen: set = set()
         self.level = 0
         self.releasing = False
         self.proposals: dict = {}  # expr -> [Proposal]
         self.by_target: dict = {}  # tv -> {expr: [Proposal]}
-        self._classes: dict = {}  # tv -> (easy [Merged], conflicting [Merged])
+        self._classes: dict = {}  # tv -> (easy [Choice], competing [Choice])
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
         self._stale: set = set()
@@ -119,9 +69,11 @@ class Engine:
         self._conflicted: set = set()
         self._conflict_heap: list = []
         self._heap_counter = 0
-        self._adjacent = {tv: self._exprs_of(tv) for tv in program.state}
+        self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
         self._used_cache: dict = {}
         self.depth, self.canon = _structure(program)
+        self.home = _stage_meshes(program)
+        self.resolver = ConflictResolver(self)
         self._seed()
 
     # -- setup ------------------------------------------------------------------------
@@ -136,19 +88,20 @@ class Engine:
             n = len(tv.logical)
             if tv.mesh is not None:
                 prio = tv.sharding_priority or 0
+                source = Annotation(tv)
                 decided = []
                 for k, id_ in enumerate(tv.logical):
                     digits = state.layouts[k]
                     if id_.is_reduction() and not digits:
                         decided.append(None)  # pending sums stay open
                     else:
-                        decided.append(Decision(digits, prio, 0, f"annotation of {tv.short_name()}"))
+                        decided.append(Decision(digits, prio, Stage.ANNOTATION, source))
                 self.decided[tv] = decided
                 self.mesh[tv] = tv.mesh
                 self.frozen.add(tv)
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                self.decided[tv] = [Decision((), 0, 0, "unannotated input") for _ in range(n)]
+                self.decided[tv] = [Decision((), 0, Stage.ANNOTATION, UnannotatedInput()) for _ in range(n)]
                 self.mesh[tv] = None
                 self.frozen.add(tv)
             else:
@@ -165,11 +118,12 @@ class Engine:
             while True:
                 easy = self._easy()
                 if easy:
-                    self._apply(easy)
+                    self._apply_easy(easy)
                     continue
                 target = self._next_conflict()
                 if target is not None:
-                    self._resolve(target)
+                    choices, reason = self.resolver.resolve(target)
+                    self._apply([(target, m) for m in choices], reason)
                     continue
                 if not self.releasing:
                     self.releasing = True
@@ -184,14 +138,14 @@ class Engine:
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
         for tv in sorted(stale, key=_number):
-            easy, conflicting = self._classify(tv)
+            easy, competing = self.classify(tv)
             stages = {m.stage for m in easy}
             for stage, targets in self._easy_targets.items():
                 if stage not in stages:
                     targets.discard(tv)
             for stage in stages:
                 self._easy_targets.setdefault(stage, set()).add(tv)
-            if conflicting:
+            if competing:
                 if tv not in self._conflicted:
                     self._conflicted.add(tv)
                     self._push_conflict(tv)
@@ -206,7 +160,7 @@ class Engine:
             if targets:
                 # sorted: every rank of a job must build the same plan
                 return [(tv, m) for tv in sorted(targets, key=_number)
-                        for m in self._classify(tv)[0] if m.stage == stage]
+                        for m in self.classify(tv)[0] if m.stage == stage]
         return []
 
     def _push_conflict(self, tv) -> None:
@@ -230,6 +184,10 @@ class Engine:
             return tv
         return None
 
+    def _conflict_order(self, tv):
+        _, competing = self.classify(tv)
+        return (min(m.priority for m in competing), self.depth.get(tv, 0), self.canon.get(tv, ""), tv.number)
+
     # -- proposals ------------------------------------------------------------------------------
     def _closed(self, tv) -> bool:
         """No more decisions will reach this tensor's open axes."""
@@ -238,10 +196,10 @@ class Engine:
         mesh = self.mesh[tv]
         if mesh is None:
             return False
-        used = self._used(tv, reduction=False)
+        used = self.used(tv, reduction=False)
         return set(mesh.axis_names) <= used
 
-    def _used(self, tv, reduction: bool) -> set:
+    def used(self, tv, reduction: bool) -> set:
         """Mesh axes tv's decided iteration (or reduction) axes use; cached
         until tv's decisions change."""
         key = (tv, reduction)
@@ -254,103 +212,94 @@ class Engine:
             self._used_cache[key] = used
         return used
 
-    def _entries(self, expr) -> list:
-        """Every tensor axis of expr that maps to factors (fixed structure,
-        cached with the rule, so later plans of the fusion reuse it)."""
-        rule = self.p.rule(expr)
-        entries = rule.cache.get("engine_entries")
-        if entries is None:
-            entries = rule.cache["engine_entries"] = self._build_entries(expr)
-        return entries
-
-    def _build_entries(self, expr) -> list:
-        rule = self.p.rule(expr)
-        entries = []
-        axes = [(tv, zip(tv.non_reduction_axes(), rule.operands[i]), "operand") for i, tv in enumerate(expr.tv_inputs)]
-        axes += [(tv, enumerate(rule.results[i]), "result") for i, tv in enumerate(expr.tv_outputs)]
-        for tv, pairs, role in axes:
-            for k, factors in pairs:
-                if factors:
-                    entries.append(_Entry(tv, k, factors, role, [rule.factors[f].extent for f in factors],
-                                          tv.logical[k].is_reduction(),
-                                          " ".join(rule.factors[f].name for f in factors)))
-        return entries
-
     def _expr_proposals(self, expr) -> list:
         decided = self.decided
-        entries = self._entries(expr)
-        targets = [e for e in entries
-                   if decided[e.tv][e.k] is None and not (e.tv in self.frozen and not e.reduction)]
+        rule = self.p.rule(expr)
+        slots = axis_factors(expr, rule)
+        targets = [s for s in slots
+                   if decided[s.tv][s.axis] is None and not (s.reduction is False and s.tv in self.frozen)]
         if not targets:
             return []
-        rule = self.p.rule(expr)
-        opinions: dict = {}  # factor -> [(digits, tv, priority, role, mesh, compound)]
-        for e in entries:
-            d = decided[e.tv][e.k]
+        opinions: dict = {}  # factor -> [Opinion]
+        for s in slots:
+            d = decided[s.tv][s.axis]
             if d is None or not d.digits or d.priority > self.level:
                 continue
-            mesh = self.mesh[e.tv]
-            per = [d.digits] if len(e.factors) == 1 else layout.split_layout(d.digits, e.extents, mesh.axis_sizes())
+            mesh = self.mesh[s.tv]
+            per = [d.digits] if not s.compound else split_axis(d.digits, s.factors, rule, mesh.axis_sizes())
             if per is None:
-                self.log.note(e.tv, f"{e.tv.short_name()} axis {e.k}: {layout.describe(d.digits)} cannot cross "
+                self.log.note(s.tv, f"{s.tv.short_name()} axis {s.axis}: {layout.describe(d.digits)} cannot cross "
                                     f"{expr.op.name} (a mesh axis would straddle two of its factors); not propagated")
                 continue
-            compound = len(e.factors) > 1
-            for f, digits in zip(e.factors, per):
+            for f, digits in zip(s.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append((digits, e.tv, d.priority, e.role, mesh, compound))
+                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, s.compound))
         if not opinions:
             return []
+        kinds = _factor_kinds(rule)
+        # Through a contraction, an operand still open may yet bring a
+        # competing sharding: what crosses the op waits for the contraction
+        # stage, so the pass-through wave reaches that operand first.
+        waiting = (not self.releasing and FactorKind.SUM in kinds
+                   and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
+                           for s in slots if s.role is Role.OPERAND))
         proposals = []
-        for e in targets:
-            is_pending = e.reduction and e.role == "result"
+        for s in targets:
+            is_pending = s.reduction and s.role is Role.RESULT
             per_factor = []
-            for f in e.factors:
-                kind = rule.factors[f].kind
-                ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o[1] is not e.tv]
+            for f in s.factors:
+                kind = kinds[f]
+                ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o.tv is not s.tv]
                 if is_pending and kind is FactorKind.SUM:
-                    ops = self._pending_options(expr, f, ops, entries)
+                    ops = self._pending_options(f, ops, slots)
                     if ops is None:
                         per_factor = None
                         break
                 per_factor.append(ops)
             if per_factor is None or not any(per_factor):
                 continue
+            if not s.compound:
+                # one factor: one proposal per opinion
+                stage = Stage.crossing(kinds[s.factors[0]], False)
+                if waiting:
+                    stage = max(stage, Stage.CONTRACTION)
+                for c in per_factor[0]:
+                    proposals.append(Proposal(
+                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
+                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction))
+                continue
             # a factor nobody has an opinion on stays whole in this proposal
             options = [o if o else [None] for o in per_factor]
             for combo in itertools.product(*options):
                 real = [c for c in combo if c is not None]
-                if len(combo) == 1:
-                    digits = real[0][0]
-                else:
-                    digits = layout.join_layouts([c[0] if c is not None else () for c in combo], e.extents)
+                digits = layout.join_layouts([c.digits if c is not None else () for c in combo], s.extents)
                 first = real[0]
-                stage = max(_crossing_stage(rule.factors[f].kind, len(e.factors) > 1 or (c is not None and c[5]))
-                            for f, c in zip(e.factors, combo))
                 proposals.append(Proposal(
-                    e.tv, e.k, digits, next((c[4] for c in real if c[4] is not None), None),
-                    max(c[2] for c in real), stage, expr, e.names, first[1], _direction(first[3], e.role),
+                    s.tv, s.axis, digits, next((c.mesh for c in real if c.mesh is not None), None),
+                    max(c.priority for c in real), Stage.RESHAPE, expr, s.names, first.tv,
+                    Direction.between(first.role, s.role), s.reduction,
                 ))
         return proposals
 
-    def _pending_options(self, expr, f, ops, entries):
+    def _pending_options(self, f, ops, slots):
         """Layouts for a pending sum over contraction factor f: only once every
         operand on f has decided (or cannot change), plus an explicit
         'replicated' when an operand cannot take the proposed mesh axes."""
         options = list(ops)
-        for tv, k, factors, role, *_ in entries:
-            if role != "operand" or f not in factors:
+        for s in slots:
+            if s.role is not Role.OPERAND or f not in s.factors:
                 continue
-            d = self.decided[tv][k]
+            tv = s.tv
+            d = self.decided[tv][s.axis]
             if d is None and not self._closed(tv) and not self.releasing:
                 return None
             if d is not None and d.digits:
                 continue
-            used = self._used(tv, reduction=False)
-            for digits, *_ in ops:
-                if used & set(layout.mesh_axes_of(digits)):
+            used = self.used(tv, reduction=False)
+            for o in ops:
+                if used & set(layout.mesh_axes_of(o.digits)):
                     prio = max((x.priority for x in self.decided[tv] if x is not None), default=self.level)
-                    options.append(((), tv, min(prio, self.level), "operand", self.mesh[tv], False))
+                    options.append(Opinion((), tv, min(prio, self.level), Role.OPERAND, self.mesh[tv], False))
                     break
         return options
 
@@ -375,18 +324,20 @@ class Engine:
         self._stale.add(tv)
 
     # -- classification ---------------------------------------------------------------------------
-    def _valid(self, tv) -> list:
+    def valid(self, tv) -> list:
+        """tv's proposals that still fit it, merged into one Choice per layout."""
         merged: dict = {}
-        used_it, used_red = self._used(tv, False), self._used(tv, True)
+        used_it, used_red = self.used(tv, False), self.used(tv, True)
+        decided, own_mesh = self.decided[tv], self.mesh[tv] or self.home.get(tv)
         for props in self.by_target.get(tv, {}).values():
             for p in props:
-                if self.decided[tv][p.axis] is not None:
+                if decided[p.axis] is not None:
                     continue
-                if self.mesh[tv] is not None and p.mesh is not None and p.mesh != self.mesh[tv]:
+                if own_mesh is not None and p.mesh is not None and p.mesh != own_mesh:
                     continue
-                used = used_red if tv.logical[p.axis].is_reduction() else used_it
+                used = used_red if p.reduction else used_it
                 digits = p.digits
-                if used & set(layout.mesh_axes_of(digits)):
+                if not used.isdisjoint(p.mesh_axes):
                     # keep the outer part that still fits (Shardy's longest compatible prefix)
                     digits = layout.keep_outer(digits, used, p.mesh.axis_sizes())
                     if not digits:
@@ -394,34 +345,27 @@ class Engine:
                 key = (p.axis, layout.key(digits), p.mesh)
                 m = merged.get(key)
                 if m is None:
-                    m = merged[key] = Merged(p.axis, digits, p.mesh, p.priority, p.stage)
-                m.priority = min(m.priority, p.priority)
-                m.stage = min(m.stage, p.stage)
+                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction)
+                elif p.priority < m.priority or p.stage < m.stage:
+                    m.priority = min(m.priority, p.priority)
+                    m.stage = min(m.stage, p.stage)
                 m.sources.append(p)
         return list(merged.values())
 
-    def _conflict(self, tv, a: Merged, b: Merged) -> bool:
-        if a.mesh is not None and b.mesh is not None and a.mesh != b.mesh:
-            return True
-        if a.axis == b.axis:
-            return True  # different layouts for one axis (identical ones were merged)
-        if tv.logical[a.axis].is_reduction() != tv.logical[b.axis].is_reduction():
-            return False  # a mesh axis may be pending and scatter onto an axis
-        return bool(a.mesh_axes() & b.mesh_axes())
-
-    def _classify(self, tv):
+    def classify(self, tv):
+        """(easy, competing): tv's choices that nothing competes with, and the rest."""
         cached = self._classes.get(tv)
         if cached is not None:
             return cached
-        valid = self._valid(tv)
-        easy, conflicting = [], []
+        valid = self.valid(tv)
+        easy, competing = [], []
         for m in valid:
-            if any(self._conflict(tv, m, o) for o in valid if o is not m):
-                conflicting.append(m)
+            if any(compete(m, o) for o in valid if o is not m):
+                competing.append(m)
             else:
                 easy.append(m)
-        self._classes[tv] = (easy, conflicting)
-        return easy, conflicting
+        self._classes[tv] = (easy, competing)
+        return easy, competing
 
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason: str = "") -> None:
@@ -431,150 +375,38 @@ class Engine:
                 continue
             if self.mesh[tv] is None and m.mesh is not None:
                 self.mesh[tv] = m.mesh
-            src = m.sources[0] if m.sources else None
-            text = functools.partial(_source_text, m, src)  # formatted when the log is read
-            self.decided[tv][m.axis] = Decision(m.digits, m.priority, m.stage, text)
+            source = Propagated(m)
+            self.decided[tv][m.axis] = Decision(m.digits, m.priority, m.stage, source)
             self._used_cache.pop((tv, tv.logical[m.axis].is_reduction()), None)
-            self.log.decide(tv, m.axis, m.digits, text, m.priority, _stage_name(m.stage), reason)
+            self.log.decide(tv, m.axis, m.digits, source, m.priority, m.stage.describe(), reason)
             changed.add(tv)
         self._after_change(changed)
+
+    def _apply_easy(self, items: list) -> None:
+        """Easy choices apply as they are, except that a pending sum competes
+        with summing nothing (the contraction's operands gathered instead)."""
+        pending = [(tv, m) for tv, m in items if m.reduction and m.digits]
+        self._apply([(tv, m) for tv, m in items if not (m.reduction and m.digits)])
+        for tv, m in pending:
+            if self.decided[tv][m.axis] is None:
+                choices, reason = self.resolver.weigh_partial_sum(tv, m)
+                self._apply([(tv, c) for c in choices], reason)
 
     def _after_change(self, changed) -> None:
         exprs: dict = {}
         for tv in sorted(changed, key=_number):
             self._invalidate(tv)
-            for e in self._adjacent.get(tv, []):
+            for e in self.adjacent.get(tv, []):
                 exprs[e] = None
         self._refresh(list(exprs))
-
-    # -- conflicts ----------------------------------------------------------------------------------
-    def _conflict_order(self, tv):
-        _, conflicting = self._classify(tv)
-        return (min(m.priority for m in conflicting), self.depth.get(tv, 0), self.canon.get(tv, ""), tv.number)
-
-    def _candidates(self, tv) -> list:
-        easy, conflicting = self._classify(tv)
-        pool = easy + conflicting
-        # A layout over several mesh axes may lose its inner ones to a competitor
-        # and keep its outer ones: offer those prefixes too.
-        for m in list(conflicting):
-            axes = layout.mesh_axes_of(m.digits)
-            for j in range(1, len(axes)):
-                digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
-                if not any(o.axis == m.axis and layout.same(o.digits, digits) for o in pool):
-                    pool.append(Merged(m.axis, digits, m.mesh, m.priority, m.stage, list(m.sources)))
-        by_axis: dict = {}
-        for m in pool:
-            by_axis.setdefault(m.axis, []).append(m)
-        axes = sorted(by_axis)
-        candidates = []
-        for combo in itertools.product(*[by_axis[a] + [None] for a in axes]):
-            chosen = [m for m in combo if m is not None]
-            if not chosen:
-                continue
-            if any(self._conflict(tv, a, b) for a, b in itertools.combinations(chosen, 2)):
-                continue
-            candidates.append(chosen)
-        # keep maximal candidates only: adding a compatible proposal is free
-        maximal = []
-        for c in candidates:
-            ids = {id(m) for m in c}
-            if not any(ids < {id(m) for m in d} for d in candidates):
-                maximal.append(c)
-        return maximal, pool
-
-    def _resolve(self, tv) -> None:
-        candidates, pool = self._candidates(tv)
-        scored = []
-        for c in candidates:
-            rejected = [m for m in pool if m not in c]
-            reject_prio = min((m.priority for m in rejected), default=float("inf"))
-            cost = self._candidate_cost(tv, c)
-            # ties: keep a tensor like its producer (data flows forward), then outer axes first
-            forward = sum(1 for m in c if any(p.direction == "forward" for p in m.sources))
-            signature = tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in c))
-            scored.append(((-reject_prio, cost.key(), -forward, signature), c, cost, reject_prio))
-        scored.sort(key=lambda s: s[0])
-        best = scored[0]
-        reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
-        self.log.conflict(tv, [(c, cost) for _, c, cost, _ in scored], best[1], reason)
-        self._apply([(tv, m) for m in best[1]], reason)
-
-    def _candidate_cost(self, tv, chosen: list) -> Cost:
-        mesh = self.mesh[tv] or next((m.mesh for m in chosen if m.mesh is not None), None)
-        override = {m.axis: m.digits for m in chosen}
-        total = Cost(symbolic=self.cost.symbolic)
-        for e in self._adjacent.get(tv, []):
-            states, options = {}, {}
-            for t in e.tv_inputs + e.tv_outputs:
-                layouts = [d.digits if d is not None else None for d in self.decided[t]]
-                t_mesh = self.mesh[t]
-                if t is tv:
-                    for a, digits in override.items():
-                        layouts[a] = digits
-                    t_mesh = mesh
-                states[t] = TvState(t_mesh if t_mesh is not None else mesh, layouts)
-            for o in e.tv_outputs:
-                for k in range(len(o.logical)):
-                    if states[o].layouts[k] is None:
-                        options[(o, k)] = self._options(o, k, e, tv, chosen, states)
-            total = total + self.cost.expr_cost(e, states, options)
-        return total
-
-    def _options(self, out, k, expr, tv, chosen, states) -> list:
-        """Layouts an open result axis may end with: what the candidate implies
-        through the expr (propagation would carry it), its own proposals that fit
-        the candidate, or replicated."""
-        opts = []
-        if out is not tv:
-            implied = self._implied(expr, out, k, tv, states)
-            if implied is not None:
-                opts.append(implied)
-        for m in self._valid(out):
-            if m.axis == k and not (out is tv and any(self._conflict(out, m, c) for c in chosen)):
-                opts.append(m.digits)
-        opts.append(())
-        unique = []
-        for o in opts:
-            if not any(layout.same(o, u) for u in unique):
-                unique.append(o)
-        return unique
-
-    def _implied(self, expr, out, k, tv, states):
-        """The layout `tv`'s known axes give result axis k of `expr`."""
-        rule = self.p.rule(expr)
-        mesh = states[tv].mesh
-        if mesh is None:
-            return None
-        if tv in expr.tv_inputs:
-            axes = zip(tv.non_reduction_axes(), rule.operands[expr.tv_inputs.index(tv)])
-        elif tv in expr.tv_outputs:
-            axes = enumerate(rule.results[expr.tv_outputs.index(tv)])
-        else:
-            return None
-        per_factor = {}
-        for a, fs in axes:
-            digits = states[tv].layouts[a]
-            if not fs or not digits:
-                continue
-            per = layout.split_layout(digits, [rule.factors[f].extent for f in fs], mesh.axis_sizes())
-            for f, d in zip(fs, per or []):
-                if d and rule.factors[f].kind is not FactorKind.REPLICATED:
-                    per_factor[f] = d
-        factors = rule.results[expr.tv_outputs.index(out)][k]
-        if not any(f in per_factor for f in factors):
-            return None
-        if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
-            return None
-        return layout.join_layouts([per_factor.get(f, ()) for f in factors], [rule.factors[f].extent for f in factors])
 
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
         for tv in self.p.state:
             for k, d in enumerate(self.decided[tv]):
                 if d is None:
-                    self.decided[tv][k] = Decision((), self.level, 0, "nothing proposed: replicated")
-        self.p.fill_meshes(self.mesh, self.frozen)
+                    self.decided[tv][k] = Decision((), self.level, Stage.ANNOTATION, Unreached())
+        self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]
             layouts = [d.digits for d in self.decided[tv]]
@@ -583,65 +415,31 @@ class Engine:
             self.p.state[tv] = TvState(mesh, layouts)
 
 
+def _factor_kinds(rule) -> list:
+    kinds = rule.cache.get("factor_kinds")
+    if kinds is None:
+        kinds = rule.cache["factor_kinds"] = [f.kind for f in rule.factors]
+    return kinds
+
+
 def _number(tv) -> int:
     return tv.number
 
 
-def _direction(src_role: str, dst_role: str) -> str:
-    if src_role == "operand" and dst_role == "result":
-        return "forward"
-    if src_role == "result" and dst_role == "operand":
-        return "backward"
-    return "sideways"
-
-
-class Stage(enum.IntEnum):
-    """Easy proposals apply a stage at a time, by the factor they cross."""
-
-    PASS_THROUGH = 1
-    CONTRACTION = 2
-    RESHAPE = 3
-
-
-def _crossing_stage(kind: FactorKind, compound: bool) -> int:
-    """Which stage a proposal belongs to, by the kind of factor it crosses:
-    pass-through factors first, then contractions (pending sums), then
-    factors a reshape splits or merges."""
-    if compound:
-        return int(Stage.RESHAPE)
-    if kind is FactorKind.SUM:
-        return int(Stage.CONTRACTION)
-    return int(Stage.PASS_THROUGH)
-
-
-def _stage_name(stage: int) -> str:
-    return "annotation" if stage == 0 else Stage(stage).name.lower().replace("_", "-")
-
-
-def _source_text(m: Merged, p: Optional[Proposal]) -> str:
-    if p is None:
-        return "conflict resolution"
-    via = f"{p.direction} through {p.expr.op.name} (factor {p.factor})"
-    names = sorted({s.source.short_name() for s in m.sources if s.source is not None},
-                   key=lambda n: int(n[1:]))
-    if names:
-        via += " from " + ", ".join(names)
-    return via
-
-
-def _why(best, runner_up, symbolic: bool) -> str:
-    if runner_up is None:
-        return "only consistent choice"
-    (bp, bc, bf, _), (rp, rc, rf, _) = best[0], runner_up[0]
-    if bp != rp:
-        return f"priority: the alternative drops a priority-{best[3] if best[3] != float('inf') else runner_up[3]} sharding"
-    if bc != rc:
-        if symbolic and bc[0] != rc[0]:
-            return "heuristic: weights stay stationary (symbolic sizes)"
-        return f"fewer bytes ({best[2].describe()} vs {runner_up[2].describe()})"
-    if bf != rf:
-        return f"tie on bytes ({best[2].describe()}): keep the producer's sharding"
-    return "tie: outer axes first"
+def _stage_meshes(program: Program) -> dict:
+    """The mesh of each computed tensor's pipeline stage: the one mesh the
+    user placed its nearest placed producers on (none when they disagree or
+    nothing upstream is placed). A tensor stays in its stage: a consumer
+    placed on another mesh is a stage cut, so shardings do not pull the
+    tensor over to it; the data crosses at the cut."""
+    home = {}
+    for e in program.exprs:
+        meshes = {t.mesh if t.mesh is not None else home.get(t) for t in e.tv_inputs}
+        meshes.discard(None)
+        for o in e.tv_outputs:
+            if o.mesh is None and len(meshes) == 1:
+                home[o] = next(iter(meshes))
+    return home
 
 
 def _structure(program: Program):

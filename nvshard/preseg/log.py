@@ -24,12 +24,11 @@ class DecisionLog:
         return f"{tv.short_name()} {kind} {axis}"
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
-        """`source` is a string or a function returning one."""
+        """`source` is formatted with str() when the log is read."""
 
         def text():
             what = layout.describe(digits) if digits else "replicated"
-            src = source() if callable(source) else source
-            line = f"{self._axis_name(tv, axis)} <- {what}: {src}; priority {priority}; stage {stage}"
+            line = f"{self._axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
             return line + (f"; chosen in a conflict ({reason})" if reason else "")
 
         self.entries.append((tv, text))

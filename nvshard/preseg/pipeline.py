@@ -43,7 +43,8 @@ def propagation_mode(explicit: Optional[str] = None) -> str:
 
 def passes(cost: CostModel, mode: str) -> list:
     """The pass list, in order."""
-    return [PropagateShardingsPass(cost, mode), DecomposeReshardingsPass(cost.numel)]
+    return [PropagateShardingsPass(cost, mode),
+            DecomposeReshardingsPass(cost.numel, weigh_alternatives=mode != "legacy")]
 
 
 def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> Plan:

@@ -70,6 +70,7 @@ class Program:
         self._tv_counter = fusion._tv_counter
         self._id_counter = fusion._id_counter
         self._rendered: dict = {}
+        self._rules: dict = {}
         self.producer: dict[TensorView, Expr] = {}
         self.consumers: dict[TensorView, list[Expr]] = {}
         self.index()
@@ -88,15 +89,25 @@ class Program:
         return list(self.state)
 
     def rule(self, expr):
-        return expr.rule(self.sizes)
+        """The expr's rule for this program's sizes (looked up once per expr:
+        a sized rule's key evaluates shapes)."""
+        rule = self._rules.get(expr)
+        if rule is None:
+            rule = self._rules[expr] = expr.rule(self.sizes)
+        return rule
 
-    def fill_meshes(self, mesh_of: dict, fixed) -> None:
+    def fill_meshes(self, mesh_of: dict, fixed, home: Optional[dict] = None) -> None:
         """Give tensors no sharding reached (uniform's output, replicated
-        intermediates) a neighbour's mesh, as nvFuser back-propagates meshes:
-        the mesh most neighbours have, then the lowest device ids; all at once
-        per round, so the order ops were defined in does not matter. `fixed`
-        tensors (annotated, or inputs that live on every device) keep theirs."""
+        intermediates) their pipeline stage's mesh (`home`, where known),
+        else a neighbour's, as nvFuser back-propagates meshes: the mesh most
+        neighbours have, then the lowest device ids; all at once per round,
+        so the order ops were defined in does not matter. `fixed` tensors
+        (annotated, or inputs that live on every device) keep theirs."""
         open_tvs = [tv for tv in self.state if mesh_of[tv] is None and tv not in fixed]
+        if home:
+            for tv in open_tvs:
+                mesh_of[tv] = home.get(tv)
+            open_tvs = [tv for tv in open_tvs if mesh_of[tv] is None]
         while open_tvs:
             updates = {}
             for tv in open_tvs:

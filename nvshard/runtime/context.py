@@ -7,20 +7,7 @@ import hashlib
 import torch
 
 from ..multidevice import layout
-
-
-def result_only_axes(expr, rule, out_index: int) -> list:
-    """Per non-reduction axis of result `out_index`: True when none of its
-    factors appears in an operand. Ops compute such axes whole (a slice,
-    random numbers, an expansion); the executor keeps the local block."""
-    operand_factors = {f for axes in rule.operands for a in axes for f in a}
-    out = expr.tv_outputs[out_index]
-    flags = []
-    for id_, factors in zip(out.logical, rule.results[out_index]):
-        if id_.is_reduction():
-            continue
-        flags.append(bool(factors) and not any(f in operand_factors for f in factors))
-    return flags
+from ..preseg.projection import result_only_axes
 
 
 class EvalContext:

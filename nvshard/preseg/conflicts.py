@@ -1,0 +1,242 @@
+"""Conflict resolution: which of a tensor's competing choices to apply.
+
+A candidate is a maximal set of the tensor's choices that do not compete
+(with the longest compatible prefix of multi-axis layouts offered too, as
+Shardy does). Candidates are scored by, in order:
+
+  1. the priority of what they drop (dropping a higher-priority sharding loses);
+  2. the bytes the adjacent exprs would move (concrete sizes), or the
+     weights-stationary heuristic (symbolic sizes; see cost.py): open
+     neighbours may follow the candidate (propagation would carry it) or
+     keep their own proposals;
+  3. keep the producer's sharding (data flows forward);
+  4. outer axes first (a deterministic last resort).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..ir.sizes import Size
+from ..multidevice import layout
+from ..ops.registry import FactorKind
+from .cost import Cost
+from .program import TvState
+from .projection import join_axis, plan_compute, project, tensor_axes
+from .proposals import Choice, Direction, compete
+
+
+@dataclass
+class Scored:
+    """A conflict candidate and what decides its rank."""
+
+    choices: list  # [Choice]
+    cost: Cost
+    dropped_priority: float  # the best priority among the choices it leaves out (inf: none)
+    forward: int  # choices that keep a producer's sharding
+    signature: tuple  # outer axes first
+
+    def key(self) -> tuple:
+        return (-self.dropped_priority, self.cost.key(), -self.forward, self.signature)
+
+
+class ConflictResolver:
+    """Resolves one conflicted tensor at a time against the engine's current
+    state (decisions, meshes and choices)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.cost = engine.cost
+
+    def resolve(self, tv) -> tuple:
+        """(the winning choices, why), logged with every candidate's cost."""
+        candidates, pool = self._candidates(tv)
+        scored = []
+        for choices in candidates:
+            dropped = [m for m in pool if m not in choices]
+            scored.append(Scored(
+                choices, self._cost(tv, choices), min((m.priority for m in dropped), default=float("inf")),
+                sum(1 for m in choices if any(p.direction is Direction.FORWARD for p in m.sources)),
+                tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in choices))))
+        scored.sort(key=Scored.key)
+        best = scored[0]
+        reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
+        self.engine.log.conflict(tv, [(s.choices, s.cost) for s in scored], best.choices, reason)
+        return best.choices, reason
+
+    def weigh_partial_sum(self, tv, pending: Choice) -> tuple:
+        """([choices], why) for a pending sum nothing competes with. It stays
+        (the partial results are allreduced), unless summing nothing
+        (gathering the contraction's operands instead) or, with concrete
+        sizes, reduce-scattering onto an open axis of the result moves
+        fewer bytes."""
+        whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
+        options = [[pending], [whole]] + self._scatters(tv, pending)
+        costs = [self._cost(tv, c) for c in options]
+        best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
+        if best == 0:
+            return options[0], ""
+        reason = f"fewer bytes ({costs[best].describe()} vs {costs[0].describe()})"
+        order = [best] + [i for i in range(len(options)) if i != best]
+        self.engine.log.conflict(tv, [(options[i], costs[i]) for i in order], options[best], reason)
+        return options[best], reason
+
+    def _scatters(self, tv, pending: Choice) -> list:
+        """The pending sum with its mesh axes also laid out (as a block) on
+        one open iteration axis of tv that they divide: a reduce-scatter.
+        Only for a fusion output nothing consumes: elsewhere the result's
+        layout is for its consumers' proposals to settle."""
+        engine = self.engine
+        if self.cost.symbolic or tv not in engine.p.outputs or any(e.tv_outputs for e in engine.p.consumers.get(tv, [])):
+            return []
+        axes = layout.mesh_axes_of(pending.digits)
+        if engine.used(tv, reduction=False).intersection(axes):
+            return []
+        sizes = pending.mesh.axis_sizes()
+        devices = 1
+        for m in axes:
+            devices *= sizes[m]
+        out = []
+        for a, id_ in enumerate(tv.logical):
+            if id_.is_reduction() or id_.is_broadcast() or engine.decided[tv][a] is not None:
+                continue
+            extent = self.cost.extent(tv, a)
+            if extent % devices:
+                continue
+            digits = layout.block(axes, Size(int(extent)), sizes)
+            out.append([pending, Choice(a, digits, pending.mesh, pending.priority, pending.stage, False,
+                                        list(pending.sources))])
+        return out
+
+    def _candidates(self, tv) -> tuple:
+        easy, conflicting = self.engine.classify(tv)
+        pool = easy + conflicting
+        # A layout over several mesh axes may lose its inner ones to a competitor
+        # and keep its outer ones: offer those prefixes too.
+        for m in list(conflicting):
+            axes = layout.mesh_axes_of(m.digits)
+            for j in range(1, len(axes)):
+                digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
+                if not any(o.axis == m.axis and layout.same(o.digits, digits) for o in pool):
+                    pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, m.reduction, list(m.sources)))
+        by_axis: dict = {}
+        for m in pool:
+            by_axis.setdefault(m.axis, []).append(m)
+        candidates = []
+        for combo in itertools.product(*[by_axis[a] + [None] for a in sorted(by_axis)]):
+            chosen = [m for m in combo if m is not None]
+            if chosen and not any(compete(a, b) for a, b in itertools.combinations(chosen, 2)):
+                candidates.append(chosen)
+        # keep maximal candidates only: adding a compatible choice is free
+        maximal = []
+        for c in candidates:
+            ids = {id(m) for m in c}
+            if not any(ids < {id(m) for m in d} for d in candidates):
+                maximal.append(c)
+        return maximal, pool
+
+    def _cost(self, tv, chosen: list) -> Cost:
+        """Bytes the exprs around tv would move with `chosen` applied."""
+        engine = self.engine
+        mesh = engine.mesh[tv] or next((m.mesh for m in chosen if m.mesh is not None), None)
+        override = {m.axis: m.digits for m in chosen}
+        total = Cost(symbolic=self.cost.symbolic)
+        for e in engine.adjacent.get(tv, []):
+            states, options = {}, {}
+            for t in e.tv_inputs + e.tv_outputs:
+                layouts = [d.digits if d is not None else None for d in engine.decided[t]]
+                t_mesh = engine.mesh[t]
+                if t is tv:
+                    for a, digits in override.items():
+                        layouts[a] = digits
+                    t_mesh = mesh
+                states[t] = TvState(t_mesh if t_mesh is not None else mesh, layouts)
+            for o in e.tv_outputs:
+                for k in range(len(o.logical)):
+                    if states[o].layouts[k] is None:
+                        options[(o, k)] = self._options(o, k, e, tv, chosen, states)
+            shared = {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}
+            total = total + self.cost.expr_cost(e, states, options, shared)
+        return total
+
+    def _sharing(self, expr, operand) -> tuple:
+        """(layouts other consumers of `operand` already need it in, how many
+        consumers would share a reshard of it): the consumers with the same
+        rule that read it in the same place and are not decided yet, and expr."""
+        engine = self.engine
+        made, sharers = set(), 1
+        position = expr.tv_inputs.index(operand)
+        shape = _rule_text(engine.p.rule(expr))
+        for other in engine.p.consumers.get(operand, []):
+            if other is expr or not other.tv_outputs:
+                continue
+            decided = [engine.decided[o] for o in other.tv_outputs]
+            if all(d is not None for ds in decided for d in ds):
+                rule = engine.p.rule(other)
+                results = [TvState(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
+                compute = plan_compute(other, results, rule)
+                made.add(compute.operands[other.tv_inputs.index(operand)].key())
+            elif other.tv_inputs.index(operand) == position and _rule_text(engine.p.rule(other)) == shape:
+                sharers += 1
+        return made, sharers
+
+    def _options(self, out, k, expr, tv, chosen, states) -> list:
+        """Layouts an open result axis may end with: what the candidate implies
+        through the expr (propagation would carry it), its own choices that fit
+        the candidate, or replicated."""
+        opts = []
+        if out is not tv:
+            implied = self._implied(expr, out, k, tv, states)
+            if implied is not None:
+                opts.append(implied)
+        for m in self.engine.valid(out):
+            if m.axis == k and not (out is tv and any(compete(m, c) for c in chosen)):
+                opts.append(m.digits)
+        opts.append(())
+        unique = {}
+        for o in opts:
+            unique.setdefault(layout.key(o), o)
+        return list(unique.values())
+
+    def _implied(self, expr, out, k, tv, states):
+        """The layout `tv`'s known axes give result axis k of `expr`."""
+        rule = self.engine.p.rule(expr)
+        mesh = states[tv].mesh
+        pairs = tensor_axes(expr, tv, rule)
+        if mesh is None or pairs is None:
+            return None
+        # only the layouts tv knows; open axes (None) carry nothing
+        known = [d or () for d in states[tv].layouts]
+        per_factor = project(pairs, known, rule, mesh.axis_sizes(), skip_replicated=True)
+        factors = rule.results[expr.tv_outputs.index(out)][k]
+        if not any(f in per_factor for f in factors):
+            return None
+        if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
+            return None
+        return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
+
+
+def _rule_text(rule) -> str:
+    text = rule.cache.get("text")
+    if text is None:
+        text = rule.cache["text"] = rule.describe()
+    return text
+
+
+def _why(best: Scored, runner_up, symbolic: bool) -> str:
+    if runner_up is None:
+        return "only consistent choice"
+    bp, bc, bf, _ = best.key()
+    rp, rc, rf, _ = runner_up.key()
+    if bp != rp:
+        dropped = best.dropped_priority if best.dropped_priority != float("inf") else runner_up.dropped_priority
+        return f"priority: the alternative drops a priority-{dropped} sharding"
+    if bc != rc:
+        if symbolic and bc[0] != rc[0]:
+            return "heuristic: weights stay stationary (symbolic sizes)"
+        return f"fewer bytes ({best.cost.describe()} vs {runner_up.cost.describe()})"
+    if bf != rf:
+        return f"tie on bytes ({best.cost.describe()}): keep the producer's sharding"
+    return "tie: outer axes first"
+

@@ -1,0 +1,270 @@
+"""Tensor axes <-> rule factors, stated once (Shardy's sharding projection).
+
+An op's sharding rule (ops/registry.py) names, per TensorView operand, the
+factors of each *non-reduction* axis (an operand's reduction axes are sums
+already finished: they carry no factor), and per result the factors of
+each *logical* axis (a result's reduction axes carry the contraction
+factors, so a layout there is a pending partial sum). Everything that
+reads a rule goes through this module:
+
+  axis_factors(expr, rule)    every tensor axis of the expr that carries factors
+  project / unproject         tensor layouts <-> one layout per factor
+  plan_compute(expr, ...)     how an expr computes, given its results' shardings
+  result_only_axes(...)       result axes no operand feeds (computed whole)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..multidevice import layout
+from ..ops.registry import FactorKind
+from .program import TvState
+
+
+class Role(enum.Enum):
+    OPERAND = "operand"
+    RESULT = "result"
+
+
+@dataclass(frozen=True, eq=False)
+class AxisFactors:
+    """One axis of one tensor of an expr and the rule factors it is made of
+    (outer first)."""
+
+    tv: object  # TensorView
+    role: Role
+    position: int  # among the expr's TensorView operands (or results)
+    axis: int  # logical axis of tv
+    factors: tuple
+    extents: tuple  # of the factors
+    reduction: bool  # a result's reduction axis: a layout there is a pending sum
+    names: str  # factor names, for the log
+
+    @property
+    def compound(self) -> bool:
+        """Made of several factors (a reshape splits or merges it)."""
+        return len(self.factors) > 1
+
+
+def operand_axes(expr, i: int, rule) -> list:
+    """[(logical axis, factors)] of TensorView operand i: the rule lists its
+    non-reduction axes."""
+    return list(zip(expr.tv_inputs[i].non_reduction_axes(), rule.operands[i]))
+
+
+def result_axes(expr, i: int, rule) -> list:
+    """[(logical axis, factors)] of result i: the rule lists every logical axis."""
+    return list(enumerate(rule.results[i]))
+
+
+def tensor_axes(expr, tv, rule) -> Optional[list]:
+    """operand_axes or result_axes of tv, whichever it is in expr (None if neither)."""
+    if tv in expr.tv_outputs:
+        return result_axes(expr, expr.tv_outputs.index(tv), rule)
+    if tv in expr.tv_inputs:
+        return operand_axes(expr, expr.tv_inputs.index(tv), rule)
+    return None
+
+
+def axis_factors(expr, rule) -> list:
+    """Every tensor axis of expr that carries factors: operands first, then
+    results (fixed structure, cached with the rule so later plans of the same
+    fusion and shapes reuse it)."""
+    cached = rule.cache.get("axis_factors")
+    if cached is not None:
+        return cached
+    out = []
+    tensors = [(Role.OPERAND, i, tv, operand_axes(expr, i, rule)) for i, tv in enumerate(expr.tv_inputs)]
+    tensors += [(Role.RESULT, i, tv, result_axes(expr, i, rule)) for i, tv in enumerate(expr.tv_outputs)]
+    for role, i, tv, pairs in tensors:
+        for k, factors in pairs:
+            if factors:
+                out.append(AxisFactors(
+                    tv, role, i, k, tuple(factors), tuple(rule.factors[f].extent for f in factors),
+                    tv.logical[k].is_reduction(), " ".join(rule.factors[f].name for f in factors)))
+    rule.cache["axis_factors"] = out
+    return out
+
+
+def split_axis(digits, factors, rule, mesh_sizes: dict):
+    """One axis's layout as one layout per factor it is made of; None when a
+    mesh axis would straddle two factors."""
+    return layout.split_layout(digits, [rule.factors[f].extent for f in factors], mesh_sizes)
+
+
+def join_axis(per_factor: list, factors, rule):
+    """The layout of an axis made of factors laid out as given."""
+    return layout.join_layouts(per_factor, [rule.factors[f].extent for f in factors])
+
+
+def project(pairs: list, layouts: list, rule, mesh_sizes: dict, skip_replicated: bool = False) -> dict:
+    """factor -> layout, from a tensor's axis layouts ([(axis, factors)] as
+    operand_axes/result_axes give). Unsharded factors, axes that cannot be
+    split over their factors and, if asked, replicated factors are left out."""
+    out = {}
+    for k, factors in pairs:
+        digits = layouts[k]
+        if not factors or not digits:
+            continue
+        for f, d in zip(factors, split_axis(digits, factors, rule, mesh_sizes) or ()):
+            if d and not (skip_replicated and rule.factors[f].kind is FactorKind.REPLICATED):
+                out[f] = d
+    return out
+
+
+def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
+    """A tensor's axis layouts from one layout per factor (missing = whole)."""
+    layouts = [() for _ in range(n_axes)]
+    for k, factors in pairs:
+        if factors:
+            layouts[k] = join_axis([factor_layouts.get(f, ()) for f in factors], factors, rule)
+    return layouts
+
+
+def resolved(tv, state: TvState) -> TvState:
+    """The state a result has once its partial sums are resolved."""
+    return TvState(state.mesh, [() if id_.is_reduction() else d for id_, d in zip(tv.logical, state.layouts)])
+
+
+@dataclass
+class ComputePlan:
+    """How one expr computes: the layout of every factor, how each operand
+    must arrive and how each result comes out (pending sums on its
+    reduction axes), on one mesh."""
+
+    mesh: object
+    factors: dict  # factor -> layout
+    operands: list  # TvState per TensorView operand
+    results: list  # TvState per result, as computed
+
+
+def factor_layouts(expr, result_states: list, rule) -> dict:
+    """factor -> layout the computation uses, as the results' shardings say.
+
+    A mesh axis on both an iteration axis and a reduction axis of a result
+    means "compute with the contraction sharded, then reduce-scatter onto
+    that iteration axis": the computation keeps the iteration axis whole on
+    that mesh axis. Replicated factors are computed whole."""
+    out: dict = {}
+    for i, (tv, state) in enumerate(zip(expr.tv_outputs, result_states)):
+        if state is None or state.mesh is None:
+            continue
+        sizes = state.mesh.axis_sizes()
+        scattered = set(state.pending(tv))
+        for k, factors in result_axes(expr, i, rule):
+            if not factors or any(f in out for f in factors):
+                continue
+            digits = state.layouts[k]
+            if not tv.logical[k].is_reduction():
+                for m in scattered:
+                    if m in layout.mesh_axes_of(digits):
+                        digits = layout.without(digits, m, sizes)
+            per = split_axis(digits, factors, rule, sizes)
+            if per is None:
+                per = [() for _ in factors]
+            for f, d in zip(factors, per):
+                out[f] = () if rule.factors[f].kind is FactorKind.REPLICATED else d
+    return out
+
+
+def plan_compute(expr, result_states: list, rule, operand_states: Optional[list] = None,
+                 price: Optional[Callable] = None) -> ComputePlan:
+    """How `expr` computes given its results' shardings. Used by the cost
+    model and the decomposition pass alike.
+
+    As in nvFuser, a result's sharding decides the computation. Given the
+    operands' states and `price(tv, src, dst)` (the bytes of a reshard),
+    computing on the operands' shards and resharding the results after
+    competes with it by the bytes moved before and after the op, ties
+    keeping the results' way: a replicated result of sharded operands is
+    then one gather of the result, not one per operand."""
+    base = _compute_plan(expr, factor_layouts(expr, result_states, rule), result_states, rule)
+    if price is None or operand_states is None or base.mesh is None:
+        return base
+    best, best_cost = base, None
+    for factors in _alternatives(expr, base, operand_states, rule):
+        plan = _compute_plan(expr, factors, result_states, rule)
+        if not _realizable(expr, plan):
+            continue
+        if best_cost is None:
+            best_cost = _plan_cost(expr, base, result_states, operand_states, price)
+        cost = _plan_cost(expr, plan, result_states, operand_states, price)
+        if cost < best_cost:
+            best, best_cost = plan, cost
+    return best
+
+
+def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan:
+    mesh = next((s.mesh for s in result_states if s is not None and s.mesh is not None), None)
+    operands = [TvState(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule))
+                for i, tv in enumerate(expr.tv_inputs)]
+    results = [TvState(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule))
+               for i, tv in enumerate(expr.tv_outputs)]
+    return ComputePlan(mesh, factors, operands, results)
+
+
+def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
+    """Factor layouts other than the results': as the operands on the
+    results' mesh already are (first operand first)."""
+    # a pending sum the user annotated says how to compute: it stays
+    if any(tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
+           for tv in expr.tv_outputs):
+        return []
+    out = []
+    from_operands: dict = {}
+    for i, (tv, state) in enumerate(zip(expr.tv_inputs, operand_states)):
+        if state is None or state.mesh != base.mesh:
+            continue
+        known = [d or () for d in state.layouts]
+        for f, digits in project(operand_axes(expr, i, rule), known, rule, base.mesh.axis_sizes(),
+                                 skip_replicated=True).items():
+            from_operands.setdefault(f, digits)
+    if from_operands and not _same_factors(from_operands, base.factors):
+        out.append(from_operands)
+    return out
+
+
+def _same_factors(a: dict, b: dict) -> bool:
+    keys = set(a) | set(b)
+    return all(layout.same(a.get(f, ()), b.get(f, ())) for f in keys)
+
+
+def _realizable(expr, plan: ComputePlan) -> bool:
+    """No mesh axis lays out two iteration axes (or two reduction axes) of
+    one tensor."""
+    for tv, state in zip(expr.tv_inputs + expr.tv_outputs, plan.operands + plan.results):
+        seen = {False: set(), True: set()}
+        for id_, digits in zip(tv.logical, state.layouts):
+            axes = layout.mesh_axes_of(digits)
+            bucket = seen[id_.is_reduction()]
+            if len(set(axes)) != len(axes) or bucket.intersection(axes):
+                return False
+            bucket.update(axes)
+    return True
+
+
+def _plan_cost(expr, plan: ComputePlan, result_states: list, operand_states: list, price) -> float:
+    total = 0.0
+    for tv, actual, required in zip(expr.tv_inputs, operand_states, plan.operands):
+        if actual is not None:
+            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
+            total += price(tv, src, required)
+    for tv, produced, state in zip(expr.tv_outputs, plan.results, result_states):
+        total += price(tv, produced, resolved(tv, state))
+    return total
+
+
+def result_only_axes(expr, rule, out_index: int) -> list:
+    """Per non-reduction axis of result `out_index`: True when none of its
+    factors appears in an operand. Ops compute such axes whole (a slice,
+    random numbers, an expansion); the executor keeps the local block."""
+    operand_factors = {f for axes in rule.operands for a in axes for f in a}
+    flags = []
+    for k, factors in result_axes(expr, out_index, rule):
+        if expr.tv_outputs[out_index].logical[k].is_reduction():
+            continue
+        flags.append(bool(factors) and not any(f in operand_factors for f in factors))
+    return flags

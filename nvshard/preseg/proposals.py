@@ -1,0 +1,168 @@
+"""What the propagation engine decides and proposes.
+
+A Decision is the layout of one (tensor, logical axis), with its priority,
+the stage that applied it and its Source. A Proposal is one layout offered
+to an open axis through one factor of one expr; identical proposals from
+several places merge into one Choice. Two choices for a tensor compete
+when they cannot both hold (`compete`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ..multidevice import layout
+from ..ops.registry import FactorKind
+from .projection import Role
+
+
+class Stage(enum.IntEnum):
+    """Easy proposals apply a stage at a time, by the factor they cross."""
+
+    ANNOTATION = 0
+    PASS_THROUGH = 1
+    CONTRACTION = 2
+    RESHAPE = 3
+
+    @staticmethod
+    def crossing(kind: FactorKind, compound: bool) -> "Stage":
+        """Pass-through factors first, then contractions (pending sums), then
+        factors a reshape splits or merges."""
+        if compound:
+            return Stage.RESHAPE
+        if kind is FactorKind.SUM:
+            return Stage.CONTRACTION
+        return Stage.PASS_THROUGH
+
+    def describe(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+class Direction(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    SIDEWAYS = "sideways"
+
+    @staticmethod
+    def between(src_role, dst_role) -> "Direction":
+        """From an operand to a result is forward, back is backward; between
+        two operands (or two results) sideways."""
+        if src_role is Role.OPERAND and dst_role is Role.RESULT:
+            return Direction.FORWARD
+        if src_role is Role.RESULT and dst_role is Role.OPERAND:
+            return Direction.BACKWARD
+        return Direction.SIDEWAYS
+
+
+@dataclass(frozen=True)
+class Opinion:
+    """The layout one tensor of an expr has on one factor."""
+
+    digits: tuple
+    tv: object
+    priority: int
+    role: Role
+    mesh: object
+    compound: bool  # read off an axis made of several factors
+
+
+@dataclass(eq=False)
+class Proposal:
+    tv: object
+    axis: int
+    digits: tuple
+    mesh: object
+    priority: int
+    stage: Stage
+    expr: object
+    factor: str  # factor names, for the log
+    source: Optional[object]  # the tensor whose layout is proposed
+    direction: Direction
+    reduction: bool  # the target axis is a reduction axis (a pending sum)
+    mesh_axes: frozenset = frozenset()
+
+    def __post_init__(self):
+        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+
+
+@dataclass(eq=False)
+class Choice:
+    """A layout for one axis of a tensor, with every proposal that offers it."""
+
+    axis: int
+    digits: tuple
+    mesh: object
+    priority: int
+    stage: Stage
+    reduction: bool
+    sources: list = field(default_factory=list)  # [Proposal]
+    mesh_axes: frozenset = frozenset()
+
+    def __post_init__(self):
+        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+
+
+def compete(a: Choice, b: Choice) -> bool:
+    """Whether two choices for one tensor cannot both hold."""
+    if a.mesh is not None and b.mesh is not None and a.mesh != b.mesh:
+        return True
+    if a.axis == b.axis:
+        return True  # different layouts for one axis (identical ones were merged)
+    if a.reduction != b.reduction:
+        return False  # a mesh axis may be pending and scatter onto an axis
+    return not a.mesh_axes.isdisjoint(b.mesh_axes)
+
+
+# -- where a decision came from (formatted only when the log is read) -----------------------
+
+
+@dataclass(frozen=True)
+class Annotation:
+    tensor: object
+
+    def __str__(self) -> str:
+        return f"annotation of {self.tensor.short_name()}"
+
+
+@dataclass(frozen=True)
+class UnannotatedInput:
+    def __str__(self) -> str:
+        return "unannotated input"
+
+
+@dataclass(frozen=True)
+class Unreached:
+    def __str__(self) -> str:
+        return "nothing proposed: replicated"
+
+
+@dataclass(frozen=True, eq=False)
+class Propagated:
+    """Carried through an expr by the choice's first proposal (or chosen with
+    no proposal behind it, in a conflict)."""
+
+    choice: Choice
+
+    def __str__(self) -> str:
+        if not self.choice.sources:
+            return "conflict resolution"
+        p = self.choice.sources[0]
+        via = f"{p.direction.value} through {p.expr.op.name} (factor {p.factor})"
+        names = sorted({s.source.short_name() for s in self.choice.sources if s.source is not None},
+                       key=lambda n: int(n[1:]))
+        if names:
+            via += " from " + ", ".join(names)
+        return via
+
+
+Source = Union[Annotation, UnannotatedInput, Unreached, Propagated]
+
+
+@dataclass
+class Decision:
+    digits: tuple
+    priority: int
+    stage: Stage
+    source: Source
