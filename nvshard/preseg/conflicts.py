@@ -68,11 +68,12 @@ class ConflictResolver:
     def weigh_partial_sum(self, tv, pending: Choice) -> tuple:
         """([choices], why) for a pending sum nothing competes with. It stays
         (the partial results are allreduced), unless summing nothing
-        (gathering the contraction's operands instead) or, with concrete
-        sizes, reduce-scattering onto an open axis of the result moves
-        fewer bytes."""
+        (gathering the contraction's operands instead) moves fewer bytes.
+        An unannotated fusion output is never reduce-scattered onto an axis
+        nothing shards: as in nvFuser, it comes back whole (the user who
+        wants the shard annotates the output, and gets the reduce-scatter)."""
         whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
-        options = [[pending], [whole]] + self._scatters(tv, pending)
+        options = [[pending], [whole]]
         costs = [self._cost(tv, c) for c in options]
         best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
         if best == 0:
@@ -81,33 +82,6 @@ class ConflictResolver:
         order = [best] + [i for i in range(len(options)) if i != best]
         self.engine.log.conflict(tv, [(options[i], costs[i]) for i in order], options[best], reason)
         return options[best], reason
-
-    def _scatters(self, tv, pending: Choice) -> list:
-        """The pending sum with its mesh axes also laid out (as a block) on
-        one open iteration axis of tv that they divide: a reduce-scatter.
-        Only for a fusion output nothing consumes: elsewhere the result's
-        layout is for its consumers' proposals to settle."""
-        engine = self.engine
-        if self.cost.symbolic or tv not in engine.p.outputs or any(e.tv_outputs for e in engine.p.consumers.get(tv, [])):
-            return []
-        axes = layout.mesh_axes_of(pending.digits)
-        if engine.used(tv, reduction=False).intersection(axes):
-            return []
-        sizes = pending.mesh.axis_sizes()
-        devices = 1
-        for m in axes:
-            devices *= sizes[m]
-        out = []
-        for a, id_ in enumerate(tv.logical):
-            if id_.is_reduction() or id_.is_broadcast() or engine.decided[tv][a] is not None:
-                continue
-            extent = self.cost.extent(tv, a)
-            if extent % devices:
-                continue
-            digits = layout.block(axes, Size(int(extent)), sizes)
-            out.append([pending, Choice(a, digits, pending.mesh, pending.priority, pending.stage, False,
-                                        list(pending.sources))])
-        return out
 
     def _candidates(self, tv) -> tuple:
         easy, conflicting = self.engine.classify(tv)

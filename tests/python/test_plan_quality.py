@@ -63,22 +63,32 @@ def test_gathering_the_operands_beats_allreducing_a_partial_sum():
     check_numerics(fd, [a, b], [a.T @ b])
 
 
-def test_an_unannotated_partial_output_is_reduce_scattered():
+def test_a_partial_output_is_reduce_scattered_where_the_user_shards_it():
     """The same weight gradient with t=1024: gathering the operands costs
     768 KiB, allreducing the 64 KiB partial dW 96 KiB, reduce-scattering it
-    onto dW's rows 48 KiB (dW is an output nothing else reads: its rows may
-    stay sharded)."""
+    onto dW's rows 48 KiB. Unannotated, dW comes back whole, as in nvFuser
+    (upstream's row-parallel linear expects that), so it is allreduced;
+    annotated on its rows, it is reduce-scattered."""
     m = mesh([0, 1, 2, 3])
-    with FusionDefinition() as fd:
-        dy = sharded(fd, [1024, 128], m, 0)
-        x = sharded(fd, [1024, 128], m, 0)
-        dw = fd.ops.matmul(fd.ops.permute(dy, [1, 0]), x)
-        fd.add_output(dw)
-    plan = nvfuser.propagate_shardings(fd)
-    assert [(k, n) for k, _, n in collectives(plan)] == [("reduce_scatter", 48 * KiB)]
-    assert plan.mesh_axes(dw) == [["x"], []]
-    a, b = torch.randn(1024, 128), torch.randn(1024, 128)
-    check_numerics(fd, [a, b], [a.T @ b])
+    for annotated in (False, True):
+        with FusionDefinition() as fd:
+            dy = sharded(fd, [1024, 128], m, 0)
+            x = sharded(fd, [1024, 128], m, 0)
+            dw = fd.ops.matmul(fd.ops.permute(dy, [1, 0]), x)
+            fd.add_output(dw)
+            if annotated:
+                dw.set_device_mesh(m)
+                dw.outer_split(0, m.size)
+                dw.axis(0).parallelize(P.mesh_x)
+        plan = nvfuser.propagate_shardings(fd)
+        if annotated:
+            assert [(k, n) for k, _, n in collectives(plan)] == [("reduce_scatter", 48 * KiB)]
+            assert plan.mesh_axes(dw) == [["x"], []]
+        else:
+            assert [(k, n) for k, _, n in collectives(plan)] == [("allreduce", 96 * KiB)]
+            assert plan.mesh_axes(dw) == [[], []]
+        a, b = torch.randn(1024, 128), torch.randn(1024, 128)
+        check_numerics(fd, [a, b], [a.T @ b])
 
 
 def test_a_replicated_output_is_computed_on_shards_and_gathered_once():
@@ -166,8 +176,11 @@ def test_a_mesh_the_user_places_is_a_stage_cut():
 def test_mlp_backward_under_sequence_parallelism_shards_both_weight_gradients():
     """Two linears forward and backward, x and dout [64, 32] split on the
     tokens, W1 [64, 32] on its output and W2 [32, 64] on its input features
-    over 4 devices: 24 KiB (gather both weights, reduce-scatter dW1 and dW2)
-    instead of 36 KiB with dW1 and dW2 allreduced and left replicated."""
+    over 4 devices, the weight gradients annotated sharded on their rows (as
+    training code shards gradients): 24 KiB (gather both weights,
+    reduce-scatter dW1 and dW2). Before, da^T took x's sharding through the
+    contraction ahead of da's and dW1 was allreduced: 36 KiB. Legacy moves
+    49.5 KiB."""
     m = mesh([0, 1, 2, 3])
     with FusionDefinition() as fd:
         x = sharded(fd, [64, 32], m, 0)
@@ -182,7 +195,12 @@ def test_mlp_backward_under_sequence_parallelism_shards_both_weight_gradients():
         dw1 = fd.ops.matmul(fd.ops.permute(dh1, [1, 0]), x)
         for o in (out, dx, dw1, dw2):
             fd.add_output(o)
+        for grad in (dw1, dw2):
+            grad.set_device_mesh(m)
+            grad.outer_split(0, m.size)
+            grad.axis(0).parallelize(P.mesh_x)
     plan = nvfuser.propagate_shardings(fd)
+    assert nvfuser.propagate_shardings(fd, propagation="legacy").bytes_per_device == 49.5 * KiB
     assert sorted(k for k, _, _ in collectives(plan)) == ["allgather", "allgather", "reduce_scatter", "reduce_scatter"]
     assert plan.bytes_per_device == 24 * KiB
     assert plan.mesh_axes(dw1) == [["x"], []] and plan.mesh_axes(dw2) == [["x"], []]
