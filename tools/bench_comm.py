@@ -254,9 +254,13 @@ def _quality_cases() -> list:
                            _split_input(fd, [512, 2048], mesh, 1), _split_input(fd, [1024, 512], mesh, 0))
         h1 = fd.ops.linear(x, w1)
         dh1 = fd.ops.matmul(dout, w2)
-        for o in (fd.ops.linear(h1, w2), fd.ops.matmul(dh1, w1), fd.ops.matmul(fd.ops.permute(dh1, [1, 0]), x),
-                  fd.ops.matmul(fd.ops.permute(dout, [1, 0]), h1)):
+        dw1, dw2 = fd.ops.matmul(fd.ops.permute(dh1, [1, 0]), x), fd.ops.matmul(fd.ops.permute(dout, [1, 0]), h1)
+        for o in (fd.ops.linear(h1, w2), fd.ops.matmul(dh1, w1), dw1, dw2):
             fd.add_output(o)
+        for grad, axis in ((dw1, 0), (dw2, 1)):  # gradients sharded like their weights, as training code keeps them
+            grad.set_device_mesh(mesh)
+            grad.outer_split(axis, mesh.size)
+            grad.axis(axis).parallelize(nvfuser.ParallelType.mesh_x)
 
     def stage_cut(fd, mesh):  # stage 1 on {0, 1}; the user sets its tail's result onto {2, 3}
         stage1, stage2 = make_mesh((2,)), nvfuser.multidevice.DeviceMesh(torch.tensor([2, 3]))
@@ -441,7 +445,8 @@ def verify(plan, data_fn) -> dict:
     vals = plan.fusion.inputs()
     devices = plan.devices()
     world = max(devices) + 1
-    per_rank = {r: [shard_tensor(t, v, r) if v.mesh is not None else t for v, t in zip(vals, inputs)]
+    per_rank = {r: [t if v.mesh is None else shard_tensor(t, v, r) if v.mesh.has(r) else None
+                    for v, t in zip(vals, inputs)]
                 for r in range(world)}
     backend = SimulatedBackend()
     outputs = run_program(plan, per_rank, backend, torch.device("cpu"), 0)

@@ -2,6 +2,7 @@
 """Run upstream nvFuser's multidevice Python suite on nvshard (CPU).
 
     tools/run_upstream_suite.py PATH/TO/Fuser/tests/python/multidevice [--np 1 4] [-- PYTEST_ARGS]
+    tools/run_upstream_suite.py --quick     # smoke run on a two-test sample in upstream's style
 
 PATH is a checkout of upstream's tests/python/multidevice (see README,
 "Upstream nvFuser's multidevice suite"). Nothing is fetched: the directory
@@ -45,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = Path(__file__).resolve().parent
+SAMPLE = TOOLS / "upstream_suite_sample"  # for --quick: no upstream checkout needed
 
 # (description, pattern, replacement, files the rule applies to or None = all)
 MECHANICAL = [
@@ -52,7 +54,7 @@ MECHANICAL = [
     ('device="cuda" -> "cpu"', r"""device=(["'])cuda(:\d+)?\1""", 'device="cpu"', None),
     ("torch.device('cuda...') -> cpu", r"""torch\.device\(f?(["'])cuda[^"']*\1\)""", 'torch.device("cpu")', None),
     ('init_device_mesh("cuda", ...) -> "cpu"', r"""init_device_mesh\(\s*(["'])cuda\1""", 'init_device_mesh("cpu"', None),
-    (".cuda(...) -> .cpu()", r"\.cuda\([^()]*\)", ".cpu()", None),
+    (".cuda(...) -> .cpu()", r"\.cuda\([^()]*(\([^()]*\))?[^()]*\)", ".cpu()", None),
     ("torch.cuda.set_device(...) dropped", r"torch\.cuda\.set_device\([^()]*(\([^()]*\))?[^()]*\)", "None", None),
     ('default process group: backend "nccl" -> "gloo"', r"""backend=(["'])nccl\1""", 'backend="gloo"', {"conftest.py"}),
     ("default process group: no CUDA device_id", r"\n\s*device_id=torch\.device\([^()]*\),", "", {"conftest.py"}),
@@ -191,14 +193,23 @@ def table(merged: dict, seconds: dict, np_: int, rc: int, wall: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("upstream_dir", type=Path, help="upstream's tests/python/multidevice")
-    ap.add_argument("--np", type=int, nargs="+", default=[1, 4], help="process counts (default 1 4)")
+    ap.add_argument("upstream_dir", type=Path, nargs="?", help="upstream's tests/python/multidevice")
+    ap.add_argument("--np", type=int, nargs="+", default=None, help="process counts (default 1 4)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke run: the two-test sample in {SAMPLE.relative_to(ROOT)} (upstream's style) at np 1 "
+                         "and 2, unless a directory is given")
     ap.add_argument("--timeout", type=int, default=3000, help="seconds per mpirun (default 3000)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary copy and print its path")
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = ap.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
     args.pytest_args = extra  # after --: more pytest arguments
+    if args.upstream_dir is None:
+        if not args.quick:
+            ap.error("give upstream's tests/python/multidevice directory (or --quick for the built-in sample)")
+        args.upstream_dir = SAMPLE
+    if args.np is None:
+        args.np = [1, 2] if args.quick else [1, 4]
 
     tmp = Path(tempfile.mkdtemp(prefix="nvshard-upstream-"))
     try:
