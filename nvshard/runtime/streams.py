@@ -19,6 +19,7 @@ import torch
 
 from ..ir.nodes import NvShardError, ParallelType, TensorView
 from ..ops.registry import FactorKind
+from ..preseg.projection import tensor_axes
 
 
 def stream_axes(plan) -> dict:
@@ -73,18 +74,19 @@ def _carriers(program, expr, found) -> list:
         src = next(t for t in tvs if t in found)
         return [(t, found[src][0]) for t in tvs]
     rule = program.rule(expr)
-    factors_of = {t: axes for t, axes in zip(tvs, rule.operands + rule.results)}
+    # logical axis -> factors, per tensor (operands list only their non-reduction axes)
+    factors_of = {t: dict(tensor_axes(expr, t, rule)) for t in tvs}
     factors = set()
     for t in tvs:
         if t in found:
             k = t.non_reduction_axes()[found[t][0]]
-            axis_factors = factors_of[t][k]
+            axis_factors = factors_of[t].get(k, ())
             if len(axis_factors) == 1 and rule.factors[axis_factors[0]].kind is FactorKind.PASS:
                 factors.add(axis_factors[0])
     result = []
     for t in tvs:
         for dim, k in enumerate(t.non_reduction_axes()):
-            if tuple(factors_of[t][k]) in {(f,) for f in factors}:
+            if tuple(factors_of[t].get(k, ())) in {(f,) for f in factors}:
                 result.append((t, dim))
     return result
 

@@ -450,3 +450,33 @@ def test_swizzle1d_needs_a_mesh_axis():
         x.set_device_mesh(mesh())
         with pytest.raises(NvShardError, match="needs a device parallel type"):
             x.swizzle1d(0, nvfuser.ParallelType.stream)
+
+
+def test_a_stream_axis_reaches_a_linear_through_a_reduction():
+    # the linear's operand keeps the summed axis in its logical domain; the
+    # rule lists only its other axes, so the stream axis is found by position there
+    s = 4
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3, 8, 6], contiguity=True, dtype=DataType.Float)
+        w = fd.define_tensor([5, 6], contiguity=True, dtype=DataType.Float)
+        out = fd.ops.linear(fd.ops.sum(x, dims=[0]), w)
+        fd.add_output(out)
+        x.outer_split(1, s)
+        x.axis(1).parallelize(nvfuser.ParallelType.stream)
+    xs, ws = torch.randn(3, 8, 6), torch.randn(5, 6)
+    calls = []
+    from nvshard.runtime import streams
+
+    original = streams.run_in_chunks
+
+    def spy(expr, args, ctx, chunks, operand_dims, result_dims, rotation):
+        calls.append((expr.op.name, chunks, operand_dims, result_dims))
+        return original(expr, args, ctx, chunks, operand_dims, result_dims, rotation)
+
+    streams.run_in_chunks = spy
+    try:
+        (got,) = fd.execute([xs, ws])
+    finally:
+        streams.run_in_chunks = original
+    assert ("linear", s, [0, None], [0]) in calls
+    torch.testing.assert_close(got, F.linear(xs.sum(0), ws))
