@@ -19,7 +19,7 @@ torch long before. One program by hand, with its collectives:
 `tools/bench_jax.py --quick` checks the HLO reader on a module with known
 bytes and, with jax, runs one small program through both partitioners.
 
-Programs (same math, dtypes and sizes as tests/python/models.py):
+Programs (same math, dtypes and sizes as nvshard/models.py):
   triangle update    f32; z_in/mask [b->z, i->y, j->x], weights replicated; the
                      batched matmul of the fusion with its operand order
   triangle attention f32; same input shardings; sdpfa_fwd with bias and mask

@@ -17,7 +17,7 @@ import torch
 from ..errors import CudaRequiredError, NvShardError  # noqa: F401 - also imported from here by much of nvshard
 from ..multidevice import layout
 from .dtypes import DataType
-from .sizes import Size, SizeQueries, Sym
+from .sizes import Size, Sym
 
 
 # Passes push a Program here to print TensorViews with the shardings they
@@ -624,7 +624,7 @@ class _NotStatic(Exception):
     pass
 
 
-class _StaticSizes(SizeQueries):
+class _StaticSizes:
     """Answers size queries with static extents only (see resolve_static_extents)."""
 
     def evaluate_size(self, size) -> int:

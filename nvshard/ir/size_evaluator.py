@@ -8,10 +8,10 @@ from typing import Optional
 
 from ..errors import NvShardError
 from .nodes import Scalar, TensorView
-from .sizes import Size, SizeQueries, Sym
+from .sizes import Size, Sym
 
 
-class SizeEvaluator(SizeQueries):
+class SizeEvaluator:
     def __init__(self, fusion, global_shapes: list, scalar_values: Optional[dict] = None):
         """`global_shapes`: per fusion input, a shape for tensors and a value
         (or None) for scalars."""

@@ -259,7 +259,10 @@ class SizeQueries(Protocol):
     SizeEvaluator (ir/size_evaluator.py: every extent bound from input
     shapes), the executor's per-rank EvalContext (runtime/context.py: the
     same, for the device an op runs on) and Fusion's static resolver
-    (ir/nodes.py: static extents only, for definition time)."""
+    (ir/nodes.py: static extents only, for definition time). A structural
+    interface: none of them inherits it, so one that lacks a method fails
+    the isinstance/issubclass check (test_regressions) instead of getting
+    this class's empty stub."""
 
     def evaluate_size(self, size: Size) -> int:
         """The value of an extent."""

@@ -12,7 +12,7 @@ import torch
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition
 
-from models import gelu_tanh
+from nvshard.models import gelu_tanh
 
 P = nvfuser.ParallelType
 KiB = 1024.0

@@ -15,7 +15,7 @@ import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition, NvShardError
 from nvshard.visualize import graph, sharding_text
 
-from models import Direction, annotate_mlp, annotate_triangle, mlp, triangle_update
+from nvshard.models import Direction, annotate_mlp, annotate_triangle, mlp, triangle_update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRIANGLE_SHAPES = [[2, 64, 64, 128], [128], [128], [256, 128], [256, 128], [128], [128], [128, 128], [128, 128],

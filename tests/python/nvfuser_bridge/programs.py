@@ -2,7 +2,7 @@
 (the real `nvfuser_direct`, or `nvshard`): AlphaFold3's triangle
 multiplicative update (upstream's tests/python/multidevice/test_alphafold3.py
 at 7e04d26, WITHOUT its hand annotation of the matmul output), the GPT MLP
-with a residual (tests/python/models.py) and upstream's transformer layer
+with a residual (nvshard/models.py) and upstream's transformer layer
 forward (test_transformer.py), each with upstream's input annotations.
 
 Every builder returns (fd, named TensorViews). Input shapes are GLOBAL."""
@@ -112,7 +112,7 @@ def _gelu_tanh(nvf, fd, x):
 
 
 def mlp(nvf, sequence_parallel: bool, d: int = 4, h: int = 16, annotate: bool = True):
-    """The GPT MLP of tests/python/models.py: out = linear(gelu(linear(inp, up_w)), down_w) + inp."""
+    """The GPT MLP of nvshard/models.py: out = linear(gelu(linear(inp, up_w)), down_w) + inp."""
     DataType, P = nvf.DataType, nvf.ParallelType
     f32 = DataType.Float
     with nvf.FusionDefinition() as fd:
