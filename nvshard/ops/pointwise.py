@@ -267,6 +267,11 @@ _BINARY = [
     ("mul", torch.mul, "*", True, False),
     ("pow", torch.pow, "pow", False, False),
     ("lt", torch.lt, "<", True, True),
+    ("le", torch.le, "<=", True, True),
+    ("gt", torch.gt, ">", True, True),
+    ("ge", torch.ge, ">=", True, True),
+    ("eq", torch.eq, "==", True, True),
+    ("ne", torch.ne, "!=", True, True),
 ]
 
 for _name, _fn, _printed, _inline, _bool in _BINARY:
