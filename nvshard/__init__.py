@@ -14,6 +14,12 @@ from .multidevice.communicator import CommunicatorBackend
 from .profiler import PythonProfiler
 from .api import execute_with_dtensors, propagate_shardings, simulate
 from .visualize import sharding_text, visualize_sharding
+from .runtime.executor import MultiDeviceExecutor, MultiDeviceExecutorParams
+
+# nvfuser_direct has them in its multidevice module; the runtime that defines
+# them imports nvshard.multidevice, so they are attached here, from above.
+multidevice.MultiDeviceExecutor = MultiDeviceExecutor
+multidevice.MultiDeviceExecutorParams = MultiDeviceExecutorParams
 
 # Under mpirun, a rank that dies of an uncaught exception ends the whole job
 # (MPI_Abort) instead of leaving its peers waiting in a collective.

@@ -51,13 +51,5 @@ def _bindings(extent, value: int) -> dict:
     return {}
 
 
-def __getattr__(name: str):
-    # The executor lives in the runtime, which imports this package.
-    if name in ("MultiDeviceExecutor", "MultiDeviceExecutorParams"):
-        from ..runtime import executor
-
-        return getattr(executor, name)
-    raise AttributeError(f"module 'nvshard.multidevice' has no attribute {name!r}")
-
-
-__all__ = ["Communicator", "DeviceMesh", "MultiDeviceExecutor", "MultiDeviceExecutorParams", "shard_tensor"]
+# nvshard/__init__.py adds MultiDeviceExecutor(Params) from the runtime, which imports this package.
+__all__ = ["Communicator", "DeviceMesh", "shard_tensor"]
