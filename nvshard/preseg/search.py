@@ -82,6 +82,7 @@ from ..errors import NvShardError
 from ..ir.nodes import TensorView
 from ..ir.sizes import Size
 from ..multidevice import layout
+from ..multidevice.collectives import format_bytes
 from ..ops.registry import FactorKind
 from . import compute_sharding as cs
 from .cost import CostModel
@@ -567,10 +568,10 @@ class SearchShardingsPass:
 
     name = "SearchShardingsPass"
 
-    def __init__(self, cost: CostModel, log, table_limit: int = SEARCH_TABLE_LIMIT):
+    def __init__(self, cost: CostModel, log, table_limit: Optional[int] = None):
         self.cost = cost
         self.log = log
-        self.table_limit = table_limit
+        self.table_limit = table_limit or SEARCH_TABLE_LIMIT
         self.outcome: dict = {}
 
     def _keep_default(self, why: str, **extra) -> None:
@@ -595,22 +596,25 @@ class SearchShardingsPass:
             result = search.run()
         except (SearchTooBig, SearchInfeasible) as e:
             return self._keep_default(str(e), search_s=time.perf_counter() - t0)
+        states = _keep_trivial_axes(result.states, default_states, search.domain)
+        searched_plan = decompose_states(program.fusion, sizes, states, "search")
         default_plan = decompose_states(program.fusion, sizes, default_states, "default")
         seconds = time.perf_counter() - t0
-        searched = (result.bytes_per_device, len(result.communications))
-        default = (default_plan.bytes_per_device, len(default_plan.communications))
-        figures = (f"searched plan {_mib(searched[0])} in {searched[1]} collectives "
-                   f"({', '.join(c.kind for c in result.communications) or 'none'}), default propagation's "
-                   f"{_mib(default[0])} in {default[1]} ({', '.join(c.kind for c in default_plan.communications) or 'none'}); "
+        searched, searched_kinds = _figures(searched_plan)
+        default, default_kinds = _figures(default_plan)
+        figures = (f"searched plan {format_bytes(searched[0])} in {searched[1]} collectives "
+                   f"({searched_kinds}), default propagation's {format_bytes(default[0])} in {default[1]} "
+                   f"({default_kinds}); "
                    f"{result.stats['free_tensors']} tensors searched, {result.stats['states']} states, largest table "
                    f"{result.stats['max_table']}, {'exact' if result.exact else 'not proven optimal'}, {seconds:.2f} s")
-        extra = dict(search_bytes=searched[0], default_bytes=default[0], exact=result.exact, search_s=seconds,
+        extra = dict(search_bytes=searched[0], default_bytes=default[0], search_collectives=searched[1],
+                     default_collectives=default[1], exact=result.exact, search_s=seconds,
                      stats=dict(result.stats))
         if searched >= default:
             return self._keep_default(f"it moves no fewer bytes: {figures}", **extra)
         self.outcome = dict(chosen="search", reason=figures, **extra)
         self.log.note(None, f"search: block layout search chosen: {figures}")
-        for tv, state in result.states.items():
+        for tv, state in states.items():
             before = default_states[tv]
             for k, digits in enumerate(state.layouts):
                 if not layout.same(digits, before.layouts[k]):
@@ -620,5 +624,31 @@ class SearchShardingsPass:
             program.state[tv] = TvState(state.mesh, list(state.layouts))
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2 ** 20:.2f} MiB"
+def _figures(plan) -> tuple:
+    """((bytes per device, collectives that move data), their kinds)."""
+    moving = [c for c in plan.communications if not c.groups or max(len(g) for g in c.groups) > 1]
+    return (plan.bytes_per_device, len(moving)), ", ".join(c.kind for c in moving) or "none"
+
+
+def _keep_trivial_axes(states: dict, default_states: dict, domain) -> dict:
+    """The search ignores mesh axes of size 1; where it leaves an axis whole
+    that default propagation laid out on size-1 mesh axes only (DIDz of a
+    1x2x2 mesh), keep that layout: it moves nothing and spares a collective
+    over one device where the tensor meets annotated neighbours."""
+    out = {}
+    for tv, state in states.items():
+        before = default_states[tv]
+        if before.mesh is None or len(domain(tv)) <= 1:
+            out[tv] = state
+            continue
+        sizes = before.mesh.axis_sizes()
+        layouts = list(state.layouts)
+        taken = {m for d in layouts for m in layout.mesh_axes_of(d)}
+        for k, digits in enumerate(before.layouts):
+            axes = layout.mesh_axes_of(digits)
+            if (not layouts[k] and axes and not tv.logical[k].is_reduction()
+                    and all(sizes[m] == 1 for m in axes) and not taken.intersection(axes)):
+                layouts[k] = digits
+                taken.update(axes)
+        out[tv] = TvState(state.mesh, layouts)
+    return out
