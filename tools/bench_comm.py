@@ -27,11 +27,21 @@ Columns
             i->y, j->x], k pending, as upstream's "TODO(#5901)" block; MLP and
             transformer: Megatron's layout, linear outputs sharded on their
             output features), then nvshard's default propagation
-  optimum   exact minimum over block shardings of every unannotated tensor, with
-            the fusion outputs pinned to the shardings nvshard default gives them,
-            and every linear/matmul/attention splitting its work over all mesh
-            axes (tools/optimum.py, balanced=True); on 3-D meshes without nested
-            splits of one axis
+  search    propagation="search": default propagation, then the exact block
+            layout search of nvshard/preseg/search.py over the unannotated
+            tensors (outputs keep default's layouts, contractions split over
+            every mesh axis); its plan is taken only when it moves fewer bytes,
+            "◦" marks rows where default propagation's plan stands
+  optimum   the same search on its own (tools/optimum.py, balanced=True): exact
+            minimum over block shardings of every unannotated tensor, with the
+            fusion outputs pinned to the layouts nvshard default gives them (a
+            pending sum may still end in a reduce-scatter onto them), every
+            tensor on the mesh default gives it, and every linear/matmul/
+            attention splitting its work over all mesh axes; on 3-D meshes
+            without nested splits of one axis. Its model computes each expr as
+            its results say, so it can sit above default where default
+            computes on operand shards (transformer TP on 4) or runs a
+            contraction unsplit (weight gradient)
   Shardy / GSPMD  (only when jax is installed) the same program in JAX on CPU
             host devices (tools/bench_jax.py)
 
@@ -643,7 +653,12 @@ def notes(rows, jax_bench) -> str:
     out.append("† outputs sharded differently from nvshard default's.  ‡ 3-D mesh: optimum over layouts without "
                "nested splits of one axis.  ≥L: not proven optimal (a tensor with more than 3 consumer ops: the search charged each consumer its own reshard); the optimum lies in [L, shown]; without a mark the value is proven optimal.")
     out.append("The optimum pins the fusion outputs to nvshard default's shardings; 'designed' is the designed "
-               "annotation + nvshard default propagation.")
+               "annotation + nvshard default propagation.  ◦ search: default propagation's plan kept (the searched "
+               "plan moved no fewer bytes, or the search was too big).")
+    out.append("Optimum above default: the optimum's model computes every expr as its results say and splits every "
+               "contraction over all mesh axes; default may compute on its operands' shards (transformer TP on 4) "
+               "or gather both operands and run the contraction unsplit (weight gradient, 1.50 MiB without the "
+               "balance constraint, below).")
     worse = []
     for row in rows:
         d = row.get("default")
@@ -659,6 +674,16 @@ def notes(rows, jax_bench) -> str:
         out += worse
     else:
         out.append("nvshard default is never worse than legacy, designed or the optimum.")
+    gaps = []
+    for row in rows:
+        s, o = row.get("search"), row.get("optimum")
+        if s and o and "bytes" in s and "bytes" in o and s["bytes"] > o["bytes"] + 0.5:
+            gaps.append(f"  {row['program']}, {row['variant']} on {'x'.join(map(str, row['mesh']))}: "
+                        f"search {s['bytes'] / MiB:.2f} MiB > optimum {o['bytes'] / MiB:.2f} MiB")
+    if any("search" in r for r in rows):
+        out.append("nvshard search moves more than the optimum:" if gaps else
+                   "nvshard search is never worse than the optimum.")
+        out += gaps
     cheaper = [f"  {r['program']}, {r['variant']} on {'x'.join(map(str, r['mesh']))}: "
                f"{r['optimum']['unbalanced']['bytes'] / MiB:.2f} MiB {cell(r['optimum']['unbalanced'])}"
                for r in rows if "unbalanced" in r.get("optimum", {})
