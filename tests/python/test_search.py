@@ -254,3 +254,22 @@ def test_the_dump_shows_the_search_decisions(monkeypatch, capsys):
     section = out.split("Fusion after pass: SearchShardingsPass\n", 1)[1].split("Fusion after pass:", 1)[0]
     assert "Search decisions:\nsearch: block layout search chosen: searched plan 6.00 KiB" in section
     assert "; stage search" in section
+
+
+# -- random programs ---------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+
+from fusion_strategies import fusions  # noqa: E402
+from test_properties import SETTINGS, check_execution  # noqa: E402
+
+SEARCH_EXECUTION_EXAMPLES = 150
+
+
+@settings(max_examples=SEARCH_EXECUTION_EXAMPLES, **SETTINGS)
+@given(fusions(max_ops=6, meshes_max=2))
+def test_search_executes_random_programs_correctly(case):
+    """The property suite's execution checks under propagation="search":
+    annotations kept, valid shardings, every rank's output block against
+    torch, bytes measured = planned."""
+    check_execution(case, propagation="search")
