@@ -610,7 +610,7 @@ class SearchShardingsPass:
         extra = dict(search_bytes=searched[0], default_bytes=default[0], search_collectives=searched[1],
                      default_collectives=default[1], exact=result.exact, search_s=seconds,
                      stats=dict(result.stats))
-        if searched >= default:
+        if (round(searched[0]), searched[1]) >= (round(default[0]), default[1]):  # bytes to the byte
             return self._keep_default(f"it moves no fewer bytes: {figures}", **extra)
         self.outcome = dict(chosen="search", reason=figures, **extra)
         self.log.note(None, f"search: block layout search chosen: {figures}")
