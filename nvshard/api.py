@@ -17,8 +17,9 @@ def propagate_shardings(fd, input_shapes=None, propagation: Optional[str] = None
 
     input_shapes: the GLOBAL (unsharded) shapes of the fusion inputs in
     fd.fusion.inputs() order (a value, or None, for scalar inputs); None
-    plans with symbolic sizes. propagation: "default" or "legacy" (default:
-    $NVSHARD_PROPAGATION or "default")."""
+    plans with symbolic sizes. propagation: "default", "legacy" or "search"
+    (default: $NVSHARD_PROPAGATION or "default"); "search" needs concrete
+    shapes (see nvshard/preseg/search.py)."""
     from .preseg.pipeline import build_plan
 
     scalars = {}

@@ -21,6 +21,7 @@ from .decompose_reshardings import DecomposeReshardingsPass
 from .plan import Plan
 from .program import Program
 from .propagate_shardings import PropagateShardingsPass
+from .search import SearchShardingsPass
 from .validate import validate_annotations
 
 SEPARATOR = "=" * 40
@@ -37,13 +38,24 @@ def dump_enabled(option: str) -> bool:
     return which == "all" or Communicator.instance().rank() == int(which)
 
 
+PROPAGATION_MODES = ("default", "legacy", "search")
+
+
 def propagation_mode(explicit: Optional[str] = None) -> str:
-    return explicit or os.environ.get("NVSHARD_PROPAGATION", "default")
+    mode = explicit or os.environ.get("NVSHARD_PROPAGATION", "default")
+    if mode not in PROPAGATION_MODES:
+        source = "propagation" if explicit else "NVSHARD_PROPAGATION"
+        raise NvShardError(f"{source}={mode!r} is not a propagation mode; expected one of "
+                           f"{', '.join(repr(m) for m in PROPAGATION_MODES)}")
+    return mode
 
 
 def passes(cost: CostModel, mode: str) -> list:
-    """The pass list, in order."""
-    return [PropagateShardingsPass(cost, mode),
+    """The pass list, in order. "search" runs default propagation, then the
+    exact block layout search (preseg/search.py) over the unannotated tensors."""
+    propagate = PropagateShardingsPass(cost, "legacy" if mode == "legacy" else "default")
+    search = [SearchShardingsPass(cost, propagate.log)] if mode == "search" else []
+    return [propagate, *search,
             DecomposeReshardingsPass(cost.numel, weigh_alternatives=mode != "legacy")]
 
 
@@ -62,16 +74,21 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
     for p in pipeline:
         with _no_gc():
             p.run(program)
-        if isinstance(p, PropagateShardingsPass):
+        if isinstance(p, (PropagateShardingsPass, SearchShardingsPass)):
             plan.record_propagation(p.log)
             if sizes is not None:
                 plan.check_divisibility()
+        if isinstance(p, SearchShardingsPass):
+            plan.search = p.outcome
         if isinstance(p, DecomposeReshardingsPass):
             plan.record_communications()
         if dump:
             out.write(f"Fusion after pass: {p.name}\n" + program.print_math())
             if isinstance(p, PropagateShardingsPass):
                 out.write("Sharding decisions:\n" + (p.log.text() or "(no annotations)") + "\n")
+            if isinstance(p, SearchShardingsPass):
+                out.write("Search decisions:\n" + "\n".join(p.log.explain(None) + [
+                    line for tv in program.state for line in p.log.explain(tv) if "; stage search" in line]) + "\n")
             if isinstance(p, DecomposeReshardingsPass):
                 out.write(plan.report() + "\n")
             out.write(SEPARATOR + "\n")
