@@ -57,37 +57,88 @@ def run_program(plan, inputs_by_rank: dict, backend: Backend, device, execution_
     """inputs_by_rank: rank -> list of this rank's input values (fusion input
     order). Returns rank -> list of output shards."""
     program = plan.program
+    schedule = _schedule(plan)
     rt = RunState(plan, backend, list(inputs_by_rank), device, execution_index)
-    backend.prepare_groups(plan.groups())
+    if schedule.prepared_by is not backend:  # groups are made once per backend
+        backend.prepare_groups(plan.groups())
+        schedule.prepared_by = backend
     for r, inputs in inputs_by_rank.items():
         for val, t in zip(program.inputs, inputs):
             if isinstance(val, TensorView) and t is not None and on_rank(program.state[val], r):
                 rt.values[r][val] = t
-    ctxs = {r: EvalContext(program, plan.sizes, r, device, execution_index) for r in rt.local_ranks}
-    last_use = _last_uses(program)
-    keep = set(program.outputs)
-    for index, expr in enumerate(program.exprs):
-        if not expr.tv_outputs:
-            continue  # scalar arithmetic: evaluated once from the sizes
-        if profiler.active():
-            _profiled(rt, expr, ctxs)
+    ctxs = {r: schedule.context(r, device, execution_index) for r in rt.local_ranks}
+    profiled = profiler.active()
+    for step in schedule.steps:
+        if profiled:
+            _profiled(rt, step, ctxs)
         else:
-            _run_expr(rt, expr, ctxs)
+            _run_expr(rt, step, ctxs)
         # drop what no later expr reads, so a rank holds only live tensors
-        for tv in expr.tv_inputs + expr.tv_outputs:
-            if last_use.get(tv, -1) <= index and tv not in keep:
-                for r in rt.local_ranks:
-                    rt.values[r].pop(tv, None)
+        for tv in step.dead_after:
+            for r in rt.local_ranks:
+                rt.values[r].pop(tv, None)
     outputs = {}
     for r in rt.local_ranks:
+        # ops may return views of their operands (set, permute, slice); an
+        # output never shares memory with the caller's inputs, as in nvFuser
+        inputs = {t.untyped_storage().data_ptr() for t in inputs_by_rank[r] if isinstance(t, torch.Tensor)}
         outs = []
         for tv in program.outputs:
             if tv in rt.values[r]:
-                outs.append(rt.values[r][tv])
+                t = rt.values[r][tv]
+                outs.append(t.clone() if t.untyped_storage().data_ptr() in inputs else t)
             else:  # this rank is outside the output's mesh
                 outs.append(torch.empty(0, dtype=tv.dtype().torch_dtype, device=device))
         outputs[r] = outs
     return outputs
+
+
+class _Step:
+    """One expr with a tensor result, with what running it needs that is the
+    same on every execution of the plan."""
+
+    __slots__ = ("expr", "out_state", "chunking", "dead_after")
+
+    def __init__(self, plan, expr, dead_after: list):
+        self.expr = expr
+        self.out_state = plan.program.state[expr.tv_outputs[0]]
+        self.chunking = None if expr.op.is_communication else streams.chunked_dims(plan, expr)
+        self.dead_after = dead_after
+
+
+class _Schedule:
+    """A plan's exprs ready to run, and each rank's EvalContext (whose
+    answers depend only on the plan), built on the first execution and
+    reused by the next ones."""
+
+    def __init__(self, plan):
+        program = plan.program
+        last_use = _last_uses(program)
+        keep = set(program.outputs)
+        self.plan = plan
+        self.steps = []
+        for index, expr in enumerate(program.exprs):
+            if not expr.tv_outputs:
+                continue  # scalar arithmetic: evaluated once from the sizes
+            dead = [tv for tv in dict.fromkeys(expr.tv_inputs + expr.tv_outputs)
+                    if last_use.get(tv, -1) <= index and tv not in keep]
+            self.steps.append(_Step(plan, expr, dead))
+        self.prepared_by = None
+        self._contexts: dict = {}
+
+    def context(self, rank: int, device, execution_index: int) -> EvalContext:
+        ctx = self._contexts.get((rank, device))
+        if ctx is None:
+            ctx = self._contexts[(rank, device)] = EvalContext(self.plan.program, self.plan.sizes, rank, device)
+        ctx.execution_index = execution_index
+        return ctx
+
+
+def _schedule(plan) -> _Schedule:
+    schedule = getattr(plan, "_schedule", None)
+    if schedule is None:
+        schedule = plan._schedule = _Schedule(plan)
+    return schedule
 
 
 def _last_uses(program) -> dict:
@@ -99,34 +150,35 @@ def _last_uses(program) -> dict:
     return last
 
 
-def _run_expr(rt: RunState, expr, ctxs: dict) -> None:
-    plan, program = rt.plan, rt.program
+def _run_expr(rt: RunState, step: _Step, ctxs: dict) -> None:
+    expr = step.expr
     if expr.op.is_communication:
         expr.op.run(expr, rt)
         return
-    out_state = program.state[expr.tv_outputs[0]]
-    chunking = streams.chunked_dims(plan, expr)  # a stream-parallel result: run in chunks
+    out_state = step.out_state
     for r in rt.local_ranks:
         if not on_rank(out_state, r):
             continue
+        values = rt.values[r]
         args = []
         for v in expr.inputs:
             if isinstance(v, TensorView):
-                if v not in rt.values[r]:
+                t = values.get(v)
+                if t is None:
                     raise NvShardError(f"rank {r}: {v.short_name()} is not available for {expr.op.name}")
-                args.append(rt.values[r][v])
+                args.append(t)
             elif isinstance(v, Scalar):
-                args.append(plan.sizes.scalar(v))
+                args.append(rt.sizes.scalar(v))
             else:
                 args.append(v)
         ctx = ctxs[r]
         ctx.bind(expr)
-        if chunking is not None:
-            results = streams.run_in_chunks(expr, args, ctx, *chunking)
+        if step.chunking is not None:  # a stream-parallel result: run in chunks
+            results = streams.run_in_chunks(expr, args, ctx, *step.chunking)
         else:
             results = expr.op.evaluate(expr, args, ctx)
         for i, (tv, t) in enumerate(zip(expr.tv_outputs, results)):
-            rt.values[r][tv] = localize_result_only(ctx, expr, i, t)
+            values[tv] = localize_result_only(ctx, expr, i, t)
 
 
 _SCHEDULERS = {"pointwise": "pointwise", "reduction": "reduction"}
@@ -140,11 +192,12 @@ def _moves_nothing(rt: RunState, expr) -> bool:
     return step.mesh_axis is None or mesh.axis_size(step.mesh_axis) == 1
 
 
-def _profiled(rt: RunState, expr, ctxs: dict) -> None:
+def _profiled(rt: RunState, step: _Step, ctxs: dict) -> None:
     """Run one expr and record it with the open PythonProfilers."""
+    expr = step.expr
     before = {r: rt.backend.received.get(r, 0.0) for r in rt.local_ranks}
     start = time.perf_counter()
-    _run_expr(rt, expr, ctxs)
+    _run_expr(rt, step, ctxs)
     elapsed_ms = (time.perf_counter() - start) * 1e3
     family = type(expr.op).__module__.rsplit(".", 1)[-1]
     scheduler = "communication" if expr.op.is_communication else _SCHEDULERS.get(family, "expr_eval")
@@ -172,6 +225,7 @@ class FusionExecutor:
         self.executions = 0
         self.last_plan = None
         self.last_backend: Optional[Backend] = None
+        self._world_checked: set = set()  # (plan key, world size, rank) already checked
 
     def plan_for(self, global_shapes: list, scalar_values: dict, options=None):
         from ..preseg.pipeline import build_plan
@@ -181,6 +235,11 @@ class FusionExecutor:
         if key not in self._plans:
             self._plans[key] = build_plan(self.fusion, global_shapes, scalar_values, options)
         return self._plans[key]
+
+    def _check_world(self, plan, world_size: int, rank: int) -> None:
+        if (id(plan), world_size, rank) not in self._world_checked:
+            plan.check_world(world_size, rank)
+            self._world_checked.add((id(plan), world_size, rank))
 
     def execute(self, inputs: list, device=None):
         comm = Communicator.instance()
@@ -193,7 +252,7 @@ class FusionExecutor:
             global_shapes = agree_on_global_shapes(self.fusion, global_shapes,
                                                    distributed_backend(device).all_gather_object)
         plan = self.plan_for(global_shapes, scalars)
-        plan.check_world(comm.size(), rank)
+        self._check_world(plan, comm.size(), rank)
         if comm.size() > 1 and plan.groups():
             from .distributed import distributed_backend
 
@@ -253,7 +312,8 @@ def global_input_shapes(fusion, inputs: list, rank: int):
         shape = list(t.shape)
         if val.mesh is not None and val.mesh.has(rank):
             sizes = val.mesh.axis_sizes()
-            for d, digits in enumerate(val.layouts()[i] for i in val.non_reduction_axes()):
+            layouts = val.layouts()
+            for d, digits in enumerate(layouts[i] for i in val.non_reduction_axes()):
                 shape[d] *= layout.local_numel_divisor(digits, sizes) if digits else 1
         shapes.append(shape)
     return shapes, scalars
