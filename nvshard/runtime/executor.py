@@ -18,6 +18,7 @@ from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar, TensorView
 from ..multidevice import layout
 from ..multidevice.communicator import Communicator
+from ..preseg.projection import result_only_axes
 from .backends import Backend, SimulatedBackend
 from .context import EvalContext, localize_result_only
 from .sizes import SizeEvaluator, agree_on_global_shapes, needs_shape_exchange
@@ -97,13 +98,22 @@ class _Step:
     """One expr with a tensor result, with what running it needs that is the
     same on every execution of the plan."""
 
-    __slots__ = ("expr", "out_state", "chunking", "dead_after")
+    __slots__ = ("expr", "is_communication", "out_state", "chunking", "dead_after", "operands", "outputs",
+                 "cut_results")
 
     def __init__(self, plan, expr, dead_after: list):
         self.expr = expr
+        self.is_communication = expr.op.is_communication
         self.out_state = plan.program.state[expr.tv_outputs[0]]
-        self.chunking = None if expr.op.is_communication else streams.chunked_dims(plan, expr)
+        self.chunking = None if self.is_communication else streams.chunked_dims(plan, expr)
         self.dead_after = dead_after
+        # per input: (TensorView, None), (None, Scalar) or (None, None) with the value itself
+        self.operands = [(v, None) if isinstance(v, TensorView) else (None, v) if isinstance(v, Scalar)
+                         else (None, None) for v in expr.inputs]
+        self.outputs = list(enumerate(expr.tv_outputs))
+        # results with axes the op computes whole, cut to this device's block after
+        self.cut_results = None if self.is_communication else {
+            i for i in range(len(expr.tv_outputs)) if any(result_only_axes(expr, plan.program.rule(expr), i))}
 
 
 class _Schedule:
@@ -152,33 +162,33 @@ def _last_uses(program) -> dict:
 
 def _run_expr(rt: RunState, step: _Step, ctxs: dict) -> None:
     expr = step.expr
-    if expr.op.is_communication:
+    if step.is_communication:
         expr.op.run(expr, rt)
         return
-    out_state = step.out_state
+    mesh = step.out_state.mesh
     for r in rt.local_ranks:
-        if not on_rank(out_state, r):
+        if mesh is not None and not mesh.has(r):
             continue
         values = rt.values[r]
         args = []
-        for v in expr.inputs:
-            if isinstance(v, TensorView):
-                t = values.get(v)
+        for tv, v in step.operands:
+            if tv is not None:
+                t = values.get(tv)
                 if t is None:
-                    raise NvShardError(f"rank {r}: {v.short_name()} is not available for {expr.op.name}")
+                    raise NvShardError(f"rank {r}: {tv.short_name()} is not available for {expr.op.name}")
                 args.append(t)
-            elif isinstance(v, Scalar):
+            elif v is not None:
                 args.append(rt.sizes.scalar(v))
             else:
-                args.append(v)
+                args.append(expr.inputs[len(args)])
         ctx = ctxs[r]
         ctx.bind(expr)
         if step.chunking is not None:  # a stream-parallel result: run in chunks
             results = streams.run_in_chunks(expr, args, ctx, *step.chunking)
         else:
             results = expr.op.evaluate(expr, args, ctx)
-        for i, (tv, t) in enumerate(zip(expr.tv_outputs, results)):
-            values[tv] = localize_result_only(ctx, expr, i, t)
+        for (i, tv), t in zip(step.outputs, results):
+            values[tv] = localize_result_only(ctx, expr, i, t) if i in step.cut_results else t
 
 
 _SCHEDULERS = {"pointwise": "pointwise", "reduction": "reduction"}
@@ -226,6 +236,10 @@ class FusionExecutor:
         self.last_plan = None
         self.last_backend: Optional[Backend] = None
         self._world_checked: set = set()  # (plan key, world size, rank) already checked
+        # questions of the definition alone, answered on the first execute (the plans cached
+        # by input shapes assume the definition no longer changes either)
+        self._divisors: dict = {}  # rank -> shard_divisors
+        self._exchanges: dict = {}  # world size -> needs_shape_exchange
 
     def plan_for(self, global_shapes: list, scalar_values: dict, options=None):
         from ..preseg.pipeline import build_plan
@@ -244,9 +258,14 @@ class FusionExecutor:
     def execute(self, inputs: list, device=None):
         comm = Communicator.instance()
         rank = comm.rank()
-        global_shapes, scalars = global_input_shapes(self.fusion, inputs, rank)
+        divisors = self._divisors.get(rank)
+        if divisors is None:
+            divisors = self._divisors[rank] = shard_divisors(self.fusion, rank)
+        global_shapes, scalars = global_input_shapes(self.fusion, inputs, rank, divisors)
         device = _device_of(inputs, device)
-        if comm.size() > 1 and needs_shape_exchange(self.fusion, comm.size()):
+        if comm.size() not in self._exchanges:
+            self._exchanges[comm.size()] = comm.size() > 1 and needs_shape_exchange(self.fusion, comm.size())
+        if self._exchanges[comm.size()]:
             from .distributed import distributed_backend
 
             global_shapes = agree_on_global_shapes(self.fusion, global_shapes,
@@ -275,9 +294,27 @@ def _device_of(inputs, device):
     return torch.device("cpu")
 
 
-def global_input_shapes(fusion, inputs: list, rank: int):
+def shard_divisors(fusion, rank: int) -> list:
+    """Per fusion input: per dim, how many times the global extent is this
+    rank's shard (None: a scalar, or a tensor not on this rank)."""
+    out = []
+    for val in fusion.inputs():
+        if not isinstance(val, TensorView) or (val.mesh is not None and not val.mesh.has(rank)):
+            out.append(None)
+            continue
+        layouts = val.layouts()
+        sizes = val.mesh.axis_sizes() if val.mesh is not None else {}
+        out.append([layout.local_numel_divisor(layouts[i], sizes) if val.mesh is not None and layouts[i] else 1
+                    for i in val.non_reduction_axes()])
+    return out
+
+
+def global_input_shapes(fusion, inputs: list, rank: int, divisors: Optional[list] = None):
     """Check execute()'s inputs against the definition and recover the
-    global shape of each input from this rank's shard."""
+    global shape of each input from this rank's shard (`divisors`: what
+    shard_divisors(fusion, rank) returns, computed when not given)."""
+    if divisors is None:
+        divisors = shard_divisors(fusion, rank)
     expected = fusion.inputs()
     if len(inputs) != len(expected):
         names = ", ".join(v.short_name() if isinstance(v, TensorView) else str(v) for v in expected)
@@ -309,13 +346,7 @@ def global_input_shapes(fusion, inputs: list, rank: int):
             raise NvShardError(
                 f"input {k} ({val.short_name()}) must have dtype {val.dtype().torch_dtype}, got {t.dtype}"
             )
-        shape = list(t.shape)
-        if val.mesh is not None and val.mesh.has(rank):
-            sizes = val.mesh.axis_sizes()
-            layouts = val.layouts()
-            for d, digits in enumerate(layouts[i] for i in val.non_reduction_axes()):
-                shape[d] *= layout.local_numel_divisor(digits, sizes) if digits else 1
-        shapes.append(shape)
+        shapes.append([extent * divisor for extent, divisor in zip(t.shape, divisors[k])])
     return shapes, scalars
 
 
