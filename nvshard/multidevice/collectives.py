@@ -154,18 +154,22 @@ def _run_allgather(rt, step, src, dst, before, after):
                 rt.values[r][dst] = _unstrip(rt, dst, after, layout.insert_gathered(pieces[r], d, segs, m))
 
 
+# The result of an allgather is the group's blocks stacked in one tensor
+# [group size, *block]: a single buffer that gloo and NCCL fill in one call.
+
+
 def _simulate_allgather(group, tensors):
-    pieces = [tensors[r] for r in group]
-    return {r: [p.clone() for p in pieces] for r in group}
+    stacked = torch.stack([tensors[r] for r in group])
+    return {r: stacked for r in group}  # nothing writes into a result
 
 
 def _distributed_allgather(rank, pg, group, tensors):
     t = tensors[rank].contiguous()
     if pg is None:
-        return [t.clone()]
-    pieces = [torch.empty_like(t) for _ in group]
-    pg.all_gather(pieces, t)
-    return pieces
+        return t.unsqueeze(0)
+    stacked = t.new_empty((len(group),) + tuple(t.shape))
+    pg.all_gather(stacked, t)
+    return stacked
 
 
 declare(Collective("allgather", "Allgather", "AG", lambda d: d - 1, _run_allgather, _simulate_allgather,
@@ -182,7 +186,8 @@ def _run_reduce_scatter(rt, step, src, dst, before, after):
     for group in after.mesh.groups(m):
         members = _members(rt, group, src)
         if members:
-            chunks = {r: list(layout.expose(_local(rt, r, src), d, segs, m).unbind(d)) for r in members}
+            # [group size, *block]: chunk c is what the peer with coordinate c keeps
+            chunks = {r: layout.expose(_local(rt, r, src), d, segs, m).movedim(d, 0) for r in members}
             out = rt.backend.exchange("reduce_scatter", group, chunks)
             for r in members:
                 rt.values[r][dst] = _unstrip(rt, dst, after, out[r])
@@ -199,10 +204,10 @@ def _simulate_reduce_scatter(group, chunks):
 
 
 def _distributed_reduce_scatter(rank, pg, group, chunks):
-    mine = [c.contiguous() for c in chunks[rank]]
     if pg is None:
-        return mine[0].clone()
-    out = torch.empty_like(mine[group.index(rank)])
+        return chunks[rank][0]
+    mine = chunks[rank].contiguous()
+    out = mine.new_empty(tuple(mine.shape[1:]))
     pg.reduce_scatter(out, mine)
     return out
 
@@ -232,9 +237,10 @@ def _simulate_allreduce(group, tensors):
 
 
 def _distributed_allreduce(rank, pg, group, tensors):
-    t = tensors[rank].contiguous().clone()
-    if pg is not None:
-        pg.all_reduce(t)
+    if pg is None:
+        return tensors[rank]
+    t = tensors[rank].clone(memory_format=torch.contiguous_format)  # reduced in place
+    pg.all_reduce(t)
     return t
 
 
@@ -322,9 +328,10 @@ def _simulate_broadcast(group, tensors):
 
 
 def _distributed_broadcast(rank, pg, group, tensors):
-    t = tensors[rank].contiguous().clone()
-    if pg is not None:
-        pg.broadcast(t, group[0])
+    if pg is None:
+        return tensors[rank]
+    t = tensors[rank].clone(memory_format=torch.contiguous_format)  # received in place
+    pg.broadcast(t, group[0])
     return t
 
 

@@ -332,9 +332,13 @@ def _position_among_locals(segs: list, mesh_axis: str) -> int:
 
 def insert_gathered(pieces: list, axis: int, segs: list, mesh_axis: str) -> torch.Tensor:
     """Inverse of take_local for one mesh digit. `pieces[c]` is the local block
-    of the peer with coordinate c on `mesh_axis`, laid out as `segs`; the
-    result is the local block of the layout with that digit gathered."""
-    stacked = torch.stack(pieces, dim=axis)  # [..., d, local, ...]
+    of the peer with coordinate c on `mesh_axis`, laid out as `segs` (a list,
+    or the blocks stacked in one tensor); the result is the local block of
+    the layout with that digit gathered."""
+    if isinstance(pieces, torch.Tensor):
+        stacked = pieces.movedim(0, axis)  # [..., d, local, ...]
+    else:
+        stacked = torch.stack(pieces, dim=axis)
     local_sizes = [s for name, s in segs if name is None]
     position = _position_among_locals(segs, mesh_axis)
     shape = list(stacked.shape)

@@ -179,6 +179,17 @@ def _apply_annotation(result, number, real_tv, tv) -> None:
     logical = real_tv.get_logical_domain()
     by_number: dict[int, IterDomain] = {id_number(r): s for r, s in zip(logical, tv.logical)}
     loop = real_tv.get_loop_domain()
+    # An op may build its result's loop domain from other axes than the logical
+    # ones (scatter: the index's); nvshard's op builds the same, so such loop
+    # IterDomains pair up by position. nvshard shards logical axes only.
+    built = [id_ for id_ in tv.loop if all(id_ is not l for l in tv.logical)]
+    if built:
+        real_built = [r for r in loop if id_number(r) not in by_number and r.definition() is None]
+        if len(real_built) != len(built):
+            raise NvShardError(f"{_where(result, number)}: its op builds {len(built)} loop axes from other axes "
+                               f"than its logical ones, nvFuser's loop domain has {len(real_built)} ({text})")
+        for r, id_ in zip(real_built, built):
+            by_number[id_number(r)] = id_
     if devices is None:
         for r in loop:
             if id_number(r) not in by_number or _parse_id(str(r))[1] not in ("S", ""):

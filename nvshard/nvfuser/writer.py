@@ -47,7 +47,10 @@ def plan_writes(read: ReadFusion, plan) -> list:
         if state is None or state.mesh is None:
             continue
         loop, logical = real_tv.get_loop_domain(), real_tv.get_logical_domain()
-        if [str(i) for i in loop] != [str(i) for i in logical]:
+        # loop axes an op built from other axes (scatter's, from the index) are not scheduling
+        built = {k for k, id_ in enumerate(tv.loop) if all(id_ is not l for l in tv.logical)}
+        if len(loop) != len(logical) or any(str(r) != str(l) for k, (r, l) in enumerate(zip(loop, logical))
+                                            if k not in built):
             raise NvShardError(f"T{number} has no device mesh but a scheduled loop domain ({real_tv}); "
                                f"nvshard writes device splits only onto unscheduled TensorViews")
         mesh = state.mesh
@@ -57,6 +60,9 @@ def plan_writes(read: ReadFusion, plan) -> list:
             digits = state.layouts[k]
             if not digits or tv.logical[k].is_broadcast():
                 continue
+            if k in built:
+                raise NvShardError(f"T{number} axis {k}: nvshard shards it {layout.describe(digits)}, but its loop "
+                                   f"axis is {loop[k]}, built by its op, not a split of the logical axis")
             write.steps += _axis_steps(number, k, digits, mesh.axis_sizes())
             write.described[k] = layout.describe(digits)
         writes.append(write)

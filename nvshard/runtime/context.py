@@ -11,6 +11,10 @@ from ..preseg.projection import result_only_axes
 
 
 class EvalContext:
+    """One rank's answers for one plan. Shapes, coordinates and flags depend
+    only on the plan (its sizes are bound), so each is computed once and
+    kept: the executor reuses a context across executions of the plan."""
+
     def __init__(self, program, sizes, rank: int, device, execution_index: int = 0):
         self.program = program
         self.sizes = sizes
@@ -18,6 +22,14 @@ class EvalContext:
         self.device = device
         self.execution_index = execution_index
         self.expr = None
+        self._memo: dict = {}
+
+    def _remember(self, key, compute):
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
 
     def bind(self, expr) -> None:
         self.expr = expr
@@ -30,13 +42,20 @@ class EvalContext:
         return self.program.state[tv]
 
     def coords(self, tv) -> dict:
+        return dict(self._remember(("coords", tv), lambda: self._coords(tv)))
+
+    def _coords(self, tv) -> dict:
         mesh = self._state(tv).mesh
         return mesh.coords(self.rank) if mesh is not None else {}
 
     def global_shape(self, i: int) -> list:
-        return self.sizes.global_shape(self._out(i))
+        out = self._out(i)
+        return list(self._remember(("global", out), lambda: self.sizes.global_shape(out)))
 
     def local_shape(self, tv) -> list:
+        return list(self._remember(("local", tv), lambda: self._local_shape(tv)))
+
+    def _local_shape(self, tv) -> list:
         state = self._state(tv)
         shape = []
         for axis, k in enumerate(tv.non_reduction_axes()):
@@ -53,8 +72,14 @@ class EvalContext:
         out = self._out(i)
         local = self.local_shape(out)
         full = self.global_shape(i)
-        flags = result_only_axes(self.expr, self.program.rule(self.expr), i)
+        flags = self.result_only(self.expr, i)
         return [f if ro else l for l, f, ro in zip(local, full, flags)]
+
+    def result_only(self, expr, i: int) -> list:
+        """Per axis of result i: computed whole by the op, cut after (see
+        preseg.projection.result_only_axes)."""
+        return self._remember(("result_only", expr, i),
+                              lambda: result_only_axes(expr, self.program.rule(expr), i))
 
     def localize(self, i: int, t: torch.Tensor, dims: list) -> torch.Tensor:
         """Cut a global tensor to this device's block: dim d of `t` follows axis
@@ -80,9 +105,8 @@ class EvalContext:
         """False on devices whose partial sums another device's partial
         already carries an additive term for (all but coordinate 0)."""
         out = self._out(0)
-        state = self._state(out)
-        coords = self.coords(out)
-        return all(coords.get(m, 0) == 0 for m in state.pending(out))
+        return self._remember(("adds_unreduced", out), lambda: all(
+            self.coords(out).get(m, 0) == 0 for m in self._state(out).pending(out)))
 
     def rng_seed(self, expr) -> int:
         """Same on every rank and for every sharding of the same program."""
@@ -93,7 +117,7 @@ class EvalContext:
 
 def localize_result_only(ctx: EvalContext, expr, i: int, t: torch.Tensor) -> torch.Tensor:
     """Keep this device's block of result-only axes the op computed whole."""
-    flags = result_only_axes(expr, ctx.program.rule(expr), i)
+    flags = ctx.result_only(expr, i)
     if not any(flags):
         return t
     return ctx.localize(i, t, [d if ro else None for d, ro in enumerate(flags)])

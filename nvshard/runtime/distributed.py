@@ -98,17 +98,20 @@ class ProcessGroup:
             else:
                 self._pg = dist.ProcessGroupGloo(prefix, self.local_rank, len(ranks), timeout)
 
-    def all_gather(self, pieces: list, t: torch.Tensor) -> None:
+    def all_gather(self, stacked: torch.Tensor, t: torch.Tensor) -> None:
+        """stacked[i] = member i's t; both contiguous (one flat buffer each,
+        so no per-member copy)."""
         if self._pg is None:
-            pieces[0].copy_(t)
+            stacked[0].copy_(t)
             return
-        self._pg.allgather([pieces], [t]).wait()
+        self._pg._allgather_base(stacked.view(-1), t.view(-1)).wait()
 
-    def reduce_scatter(self, out: torch.Tensor, chunks: list) -> None:
+    def reduce_scatter(self, out: torch.Tensor, stacked: torch.Tensor) -> None:
+        """out = the sum over members of their stacked[my index]; both contiguous."""
         if self._pg is None:
-            out.copy_(chunks[0])
+            out.copy_(stacked[0])
             return
-        self._pg.reduce_scatter([out], [chunks]).wait()
+        self._pg._reduce_scatter_base(out.view(-1), stacked.view(-1)).wait()
 
     def all_reduce(self, t: torch.Tensor) -> None:
         if self._pg is not None:

@@ -18,6 +18,7 @@ from ..ir.dtypes import DataType
 from ..ir.nodes import NvShardError, Scalar, TensorView
 from ..multidevice import layout
 from ..multidevice.communicator import Communicator
+from ..preseg.projection import result_only_axes
 from .backends import Backend, SimulatedBackend
 from .context import EvalContext, localize_result_only
 from .sizes import SizeEvaluator, agree_on_global_shapes, needs_shape_exchange
@@ -57,37 +58,97 @@ def run_program(plan, inputs_by_rank: dict, backend: Backend, device, execution_
     """inputs_by_rank: rank -> list of this rank's input values (fusion input
     order). Returns rank -> list of output shards."""
     program = plan.program
+    schedule = _schedule(plan)
     rt = RunState(plan, backend, list(inputs_by_rank), device, execution_index)
-    backend.prepare_groups(plan.groups())
+    if schedule.prepared_by is not backend:  # groups are made once per backend
+        backend.prepare_groups(plan.groups())
+        schedule.prepared_by = backend
     for r, inputs in inputs_by_rank.items():
         for val, t in zip(program.inputs, inputs):
             if isinstance(val, TensorView) and t is not None and on_rank(program.state[val], r):
                 rt.values[r][val] = t
-    ctxs = {r: EvalContext(program, plan.sizes, r, device, execution_index) for r in rt.local_ranks}
-    last_use = _last_uses(program)
-    keep = set(program.outputs)
-    for index, expr in enumerate(program.exprs):
-        if not expr.tv_outputs:
-            continue  # scalar arithmetic: evaluated once from the sizes
-        if profiler.active():
-            _profiled(rt, expr, ctxs)
+    ctxs = {r: schedule.context(r, device, execution_index) for r in rt.local_ranks}
+    profiled = profiler.active()
+    for step in schedule.steps:
+        if profiled:
+            _profiled(rt, step, ctxs)
         else:
-            _run_expr(rt, expr, ctxs)
+            _run_expr(rt, step, ctxs)
         # drop what no later expr reads, so a rank holds only live tensors
-        for tv in expr.tv_inputs + expr.tv_outputs:
-            if last_use.get(tv, -1) <= index and tv not in keep:
-                for r in rt.local_ranks:
-                    rt.values[r].pop(tv, None)
+        for tv in step.dead_after:
+            for r in rt.local_ranks:
+                rt.values[r].pop(tv, None)
     outputs = {}
     for r in rt.local_ranks:
+        # ops may return views of their operands (set, permute, slice); an
+        # output never shares memory with the caller's inputs, as in nvFuser
+        inputs = {t.untyped_storage().data_ptr() for t in inputs_by_rank[r] if isinstance(t, torch.Tensor)}
         outs = []
         for tv in program.outputs:
             if tv in rt.values[r]:
-                outs.append(rt.values[r][tv])
+                t = rt.values[r][tv]
+                outs.append(t.clone() if t.untyped_storage().data_ptr() in inputs else t)
             else:  # this rank is outside the output's mesh
                 outs.append(torch.empty(0, dtype=tv.dtype().torch_dtype, device=device))
         outputs[r] = outs
     return outputs
+
+
+class _Step:
+    """One expr with a tensor result, with what running it needs that is the
+    same on every execution of the plan."""
+
+    __slots__ = ("expr", "is_communication", "out_state", "chunking", "dead_after", "operands", "outputs",
+                 "cut_results")
+
+    def __init__(self, plan, expr, dead_after: list):
+        self.expr = expr
+        self.is_communication = expr.op.is_communication
+        self.out_state = plan.program.state[expr.tv_outputs[0]]
+        self.chunking = None if self.is_communication else streams.chunked_dims(plan, expr)
+        self.dead_after = dead_after
+        # per input: (TensorView, None), (None, Scalar) or (None, None) with the value itself
+        self.operands = [(v, None) if isinstance(v, TensorView) else (None, v) if isinstance(v, Scalar)
+                         else (None, None) for v in expr.inputs]
+        self.outputs = list(enumerate(expr.tv_outputs))
+        # results with axes the op computes whole, cut to this device's block after
+        self.cut_results = None if self.is_communication else {
+            i for i in range(len(expr.tv_outputs)) if any(result_only_axes(expr, plan.program.rule(expr), i))}
+
+
+class _Schedule:
+    """A plan's exprs ready to run, and each rank's EvalContext (whose
+    answers depend only on the plan), built on the first execution and
+    reused by the next ones."""
+
+    def __init__(self, plan):
+        program = plan.program
+        last_use = _last_uses(program)
+        keep = set(program.outputs)
+        self.plan = plan
+        self.steps = []
+        for index, expr in enumerate(program.exprs):
+            if not expr.tv_outputs:
+                continue  # scalar arithmetic: evaluated once from the sizes
+            dead = [tv for tv in dict.fromkeys(expr.tv_inputs + expr.tv_outputs)
+                    if last_use.get(tv, -1) <= index and tv not in keep]
+            self.steps.append(_Step(plan, expr, dead))
+        self.prepared_by = None
+        self._contexts: dict = {}
+
+    def context(self, rank: int, device, execution_index: int) -> EvalContext:
+        ctx = self._contexts.get((rank, device))
+        if ctx is None:
+            ctx = self._contexts[(rank, device)] = EvalContext(self.plan.program, self.plan.sizes, rank, device)
+        ctx.execution_index = execution_index
+        return ctx
+
+
+def _schedule(plan) -> _Schedule:
+    schedule = getattr(plan, "_schedule", None)
+    if schedule is None:
+        schedule = plan._schedule = _Schedule(plan)
+    return schedule
 
 
 def _last_uses(program) -> dict:
@@ -99,34 +160,35 @@ def _last_uses(program) -> dict:
     return last
 
 
-def _run_expr(rt: RunState, expr, ctxs: dict) -> None:
-    plan, program = rt.plan, rt.program
-    if expr.op.is_communication:
+def _run_expr(rt: RunState, step: _Step, ctxs: dict) -> None:
+    expr = step.expr
+    if step.is_communication:
         expr.op.run(expr, rt)
         return
-    out_state = program.state[expr.tv_outputs[0]]
-    chunking = streams.chunked_dims(plan, expr)  # a stream-parallel result: run in chunks
+    mesh = step.out_state.mesh
     for r in rt.local_ranks:
-        if not on_rank(out_state, r):
+        if mesh is not None and not mesh.has(r):
             continue
+        values = rt.values[r]
         args = []
-        for v in expr.inputs:
-            if isinstance(v, TensorView):
-                if v not in rt.values[r]:
-                    raise NvShardError(f"rank {r}: {v.short_name()} is not available for {expr.op.name}")
-                args.append(rt.values[r][v])
-            elif isinstance(v, Scalar):
-                args.append(plan.sizes.scalar(v))
+        for tv, v in step.operands:
+            if tv is not None:
+                t = values.get(tv)
+                if t is None:
+                    raise NvShardError(f"rank {r}: {tv.short_name()} is not available for {expr.op.name}")
+                args.append(t)
+            elif v is not None:
+                args.append(rt.sizes.scalar(v))
             else:
-                args.append(v)
+                args.append(expr.inputs[len(args)])
         ctx = ctxs[r]
         ctx.bind(expr)
-        if chunking is not None:
-            results = streams.run_in_chunks(expr, args, ctx, *chunking)
+        if step.chunking is not None:  # a stream-parallel result: run in chunks
+            results = streams.run_in_chunks(expr, args, ctx, *step.chunking)
         else:
             results = expr.op.evaluate(expr, args, ctx)
-        for i, (tv, t) in enumerate(zip(expr.tv_outputs, results)):
-            rt.values[r][tv] = localize_result_only(ctx, expr, i, t)
+        for (i, tv), t in zip(step.outputs, results):
+            values[tv] = localize_result_only(ctx, expr, i, t) if i in step.cut_results else t
 
 
 _SCHEDULERS = {"pointwise": "pointwise", "reduction": "reduction"}
@@ -140,11 +202,12 @@ def _moves_nothing(rt: RunState, expr) -> bool:
     return step.mesh_axis is None or mesh.axis_size(step.mesh_axis) == 1
 
 
-def _profiled(rt: RunState, expr, ctxs: dict) -> None:
+def _profiled(rt: RunState, step: _Step, ctxs: dict) -> None:
     """Run one expr and record it with the open PythonProfilers."""
+    expr = step.expr
     before = {r: rt.backend.received.get(r, 0.0) for r in rt.local_ranks}
     start = time.perf_counter()
-    _run_expr(rt, expr, ctxs)
+    _run_expr(rt, step, ctxs)
     elapsed_ms = (time.perf_counter() - start) * 1e3
     family = type(expr.op).__module__.rsplit(".", 1)[-1]
     scheduler = "communication" if expr.op.is_communication else _SCHEDULERS.get(family, "expr_eval")
@@ -172,6 +235,11 @@ class FusionExecutor:
         self.executions = 0
         self.last_plan = None
         self.last_backend: Optional[Backend] = None
+        self._world_checked: set = set()  # (plan key, world size, rank) already checked
+        # questions of the definition alone, answered on the first execute (the plans cached
+        # by input shapes assume the definition no longer changes either)
+        self._divisors: dict = {}  # rank -> shard_divisors
+        self._exchanges: dict = {}  # world size -> needs_shape_exchange
 
     def plan_for(self, global_shapes: list, scalar_values: dict, options=None):
         from ..preseg.pipeline import build_plan
@@ -182,18 +250,28 @@ class FusionExecutor:
             self._plans[key] = build_plan(self.fusion, global_shapes, scalar_values, options)
         return self._plans[key]
 
+    def _check_world(self, plan, world_size: int, rank: int) -> None:
+        if (id(plan), world_size, rank) not in self._world_checked:
+            plan.check_world(world_size, rank)
+            self._world_checked.add((id(plan), world_size, rank))
+
     def execute(self, inputs: list, device=None):
         comm = Communicator.instance()
         rank = comm.rank()
-        global_shapes, scalars = global_input_shapes(self.fusion, inputs, rank)
+        divisors = self._divisors.get(rank)
+        if divisors is None:
+            divisors = self._divisors[rank] = shard_divisors(self.fusion, rank)
+        global_shapes, scalars = global_input_shapes(self.fusion, inputs, rank, divisors)
         device = _device_of(inputs, device)
-        if comm.size() > 1 and needs_shape_exchange(self.fusion, comm.size()):
+        if comm.size() not in self._exchanges:
+            self._exchanges[comm.size()] = comm.size() > 1 and needs_shape_exchange(self.fusion, comm.size())
+        if self._exchanges[comm.size()]:
             from .distributed import distributed_backend
 
             global_shapes = agree_on_global_shapes(self.fusion, global_shapes,
                                                    distributed_backend(device).all_gather_object)
         plan = self.plan_for(global_shapes, scalars)
-        plan.check_world(comm.size(), rank)
+        self._check_world(plan, comm.size(), rank)
         if comm.size() > 1 and plan.groups():
             from .distributed import distributed_backend
 
@@ -216,9 +294,27 @@ def _device_of(inputs, device):
     return torch.device("cpu")
 
 
-def global_input_shapes(fusion, inputs: list, rank: int):
+def shard_divisors(fusion, rank: int) -> list:
+    """Per fusion input: per dim, how many times the global extent is this
+    rank's shard (None: a scalar, or a tensor not on this rank)."""
+    out = []
+    for val in fusion.inputs():
+        if not isinstance(val, TensorView) or (val.mesh is not None and not val.mesh.has(rank)):
+            out.append(None)
+            continue
+        layouts = val.layouts()
+        sizes = val.mesh.axis_sizes() if val.mesh is not None else {}
+        out.append([layout.local_numel_divisor(layouts[i], sizes) if val.mesh is not None and layouts[i] else 1
+                    for i in val.non_reduction_axes()])
+    return out
+
+
+def global_input_shapes(fusion, inputs: list, rank: int, divisors: Optional[list] = None):
     """Check execute()'s inputs against the definition and recover the
-    global shape of each input from this rank's shard."""
+    global shape of each input from this rank's shard (`divisors`: what
+    shard_divisors(fusion, rank) returns, computed when not given)."""
+    if divisors is None:
+        divisors = shard_divisors(fusion, rank)
     expected = fusion.inputs()
     if len(inputs) != len(expected):
         names = ", ".join(v.short_name() if isinstance(v, TensorView) else str(v) for v in expected)
@@ -250,12 +346,7 @@ def global_input_shapes(fusion, inputs: list, rank: int):
             raise NvShardError(
                 f"input {k} ({val.short_name()}) must have dtype {val.dtype().torch_dtype}, got {t.dtype}"
             )
-        shape = list(t.shape)
-        if val.mesh is not None and val.mesh.has(rank):
-            sizes = val.mesh.axis_sizes()
-            for d, digits in enumerate(val.layouts()[i] for i in val.non_reduction_axes()):
-                shape[d] *= layout.local_numel_divisor(digits, sizes) if digits else 1
-        shapes.append(shape)
+        shapes.append([extent * divisor for extent, divisor in zip(t.shape, divisors[k])])
     return shapes, scalars
 
 

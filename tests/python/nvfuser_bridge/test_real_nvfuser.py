@@ -173,6 +173,45 @@ def test_index_ops_read_print_and_evaluate_as_real_nvfuser():
     assert torch.equal(gathered, torch.gather(x_ref, 1, i2))
 
 
+@pytest.mark.parametrize("index_columns", [6, 3], ids=["exact", "short"])
+def test_scatter_reads_prints_and_evaluates_as_real_nvfuser(index_columns):
+    """0.2.36 gives scatter's result a loop domain of the index's axes; nvshard builds and reads the same."""
+    with nvf.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6], dtype=nvf.DataType.Float, contiguity=True)
+        idx = fd.define_tensor([-1, index_columns], dtype=nvf.DataType.Int, contiguity=True)
+        src = fd.define_tensor([-1, index_columns], dtype=nvf.DataType.Float, contiguity=True)
+        rows = fd.ops.scatter(x, idx, src, 0)
+        fd.add_output(fd.ops.mul(rows, rows))
+        fd.add_output(fd.ops.scatter(x, idx, fd.define_scalar(2.0, dtype=nvf.DataType.Float), 1))
+    read = bridge.read_fusion(fd.fusion)
+    assert read.fd.fusion.print_math() == fd.fusion.print_math()
+    assert [str(i) for i in read.nvshard_tv(rows).get_loop_domain()] == [str(i) for i in rows.get_loop_domain()]
+    x_ref, src_ref = torch.randn(5, 6), torch.randn(4, index_columns)
+    idx_ref = torch.stack([torch.randperm(5)[:4] for _ in range(index_columns)], 1)
+    squared, filled = read.fd.execute([x_ref, idx_ref, src_ref])
+    assert torch.equal(squared, torch.scatter(x_ref, 0, idx_ref, src_ref) ** 2)
+    assert torch.equal(filled, torch.scatter(x_ref, 1, idx_ref, 2.0))
+
+
+def test_scatter_result_is_written_on_the_axes_the_index_covers():
+    mesh = nvf.multidevice.DeviceMesh(torch.arange(2))
+    with nvf.FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6], dtype=nvf.DataType.Float, contiguity=True)
+        idx = fd.define_tensor([4, 6], dtype=nvf.DataType.Int, contiguity=True)
+        src = fd.define_tensor([4, 6], dtype=nvf.DataType.Float, contiguity=True)
+        out = fd.ops.scatter(x, idx, src, 0)
+        fd.add_output(fd.ops.mul(out, out))
+        for t in (x, idx, src):
+            t.set_device_mesh(mesh)
+            t.outer_split(1, 2)
+            t.axis(1).parallelize(nvf.ParallelType.mesh_x)
+    plan = bridge.propagate(fd, [[8, 6], [4, 6], [4, 6]])
+    assert plan.mesh_axes(out) == [[], ["x"]] and plan.communications == []
+    # the written split is of the logical column axis; the row loop axis stays the index's
+    assert str(out) == "T3_l_float[iS8{4}, ndeviceIdx.x17{2}, nS18{3}] (DeviceMesh{0 1})"
+    assert bridge.read_fusion(fd.fusion).fd.fusion.print_math() == fd.fusion.print_math()
+
+
 def test_embedding_reads_prints_and_evaluates_as_real_nvfuser():
     with nvf.FusionDefinition() as fd:
         idx = fd.define_tensor([-1, -1], dtype=nvf.DataType.Int, contiguity=True)

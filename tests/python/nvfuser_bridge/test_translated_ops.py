@@ -314,6 +314,106 @@ def test_gather_with_sharded_rows_needs_no_communication():
     assert sim.plan.mesh_axes(g) == [["x"], []] and sim.plan.communications == []
 
 
+# -- scatter ------------------------------------------------------------------------------------------------
+
+
+def _distinct_rows(rows: int, n: int, cols: int) -> torch.Tensor:
+    """An index [rows, cols] into n positions along dim 0, distinct in each column (scatter's result is then
+    defined: no position is written twice)."""
+    return torch.stack([torch.randperm(n)[:rows] for _ in range(cols)], 1)
+
+
+def test_scatter_matches_torch_with_a_tensor_and_a_scalar_source():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6])
+        idx = fd.define_tensor([-1, 6], dtype=DataType.Int)
+        src = fd.define_tensor([-1, 6])
+        idx_cols = fd.define_tensor([-1, 3], dtype=DataType.Int)
+        rows = fd.ops.scatter(x, idx, src, dim=0)
+        cols = fd.ops.scatter(x, idx_cols, fd.define_scalar(1.5, dtype=DataType.Float), dim=1)
+        fd.add_output(rows)
+        fd.add_output(cols)
+    x_ref, src_ref = torch.randn(5, 6), torch.randn(4, 6)
+    idx_ref = _distinct_rows(4, 5, 6)
+    idx_cols_ref = torch.stack([torch.randperm(6)[:3] for _ in range(5)])
+    out_rows, out_cols = fd.execute([x_ref, idx_ref, src_ref, idx_cols_ref])
+    assert torch.equal(out_rows, torch.scatter(x_ref, 0, idx_ref, src_ref))
+    assert torch.equal(out_cols, torch.scatter(x_ref, 1, idx_cols_ref, 1.5))
+    assert not torch.equal(out_rows, x_ref) and not torch.equal(out_cols, x_ref)
+
+
+def test_scatter_prints_like_nvfuser():
+    """As real nvFuser 0.2.36 prints it: the result's loop domain is the index's axes, a new IterDomain for dim,
+    arg's GatherScatter axis where the index covers arg (exact sizes), new ones everywhere when it does not."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 6])
+        idx = fd.define_tensor([-1, 6], dtype=DataType.Int)
+        src = fd.define_tensor([-1, 6])
+        exact = fd.ops.scatter(x, idx, src, dim=0)
+        short = fd.ops.scatter(x, fd.define_tensor([-1, 3], dtype=DataType.Int),
+                               fd.define_scalar(2.0, dtype=DataType.Float), dim=1)
+        fd.add_output(exact)
+        fd.add_output(short)
+    assert str(exact.definition) == (
+        "T3_g_float[iS8{i1}, nS7{6}]\n   = scatter(in = T0_g_float[iS0{i0}, iS1{6}], dim = 0, "
+        "src = T2_g_float[iS4{i2}, iS5{6}], idx = T1_g_int64_t[iS2{i1}, iS3{6}] )\n")
+    assert [str(i) for i in exact.get_logical_domain()] == ["nS6{i0}", "nS7{6}"]
+    assert str(short.definition) == (
+        "T5_g_float[iS13{i3}, iS14{3}]\n   = scatter(in = T0_g_float[iS0{i0}, iS1{6}], dim = 1, "
+        "src = float(2), idx = T4_g_int64_t[iS9{i3}, iS10{3}] )\n")
+    assert [str(i) for i in short.get_logical_domain()] == ["nS11{i0}", "nS12{6}"]
+
+
+def test_scatter_rule_passes_covered_axes_only():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6])
+        idx = fd.define_tensor([4, 6], dtype=DataType.Int)
+        src = fd.define_tensor([4, 6])
+        exact = fd.ops.scatter(x, idx, src, 0)
+        short = fd.ops.scatter(x, fd.define_tensor([4, 3], dtype=DataType.Int), fd.define_tensor([4, 3]), 0)
+        fd.add_output(exact)
+        fd.add_output(short)
+    assert exact.definition.rule().describe() == (
+        "s0 a1, n0 a1, u0 a1 -> s0 a1 {s0: replicated, n0: replicated, u0: replicated}")
+    assert short.definition.rule().describe() == (
+        "s0 s1, n0 n1, u0 u1 -> s0 s1 {s0: replicated, n0: replicated, u0: replicated, "
+        "s1: replicated, n1: replicated, u1: replicated}")
+
+
+@pytest.mark.parametrize("axis, kinds", [(1, []), (0, ["all_to_all"])])
+def test_scatter_sharded_keeps_covered_axes_and_moves_the_written_one(axis, kinds):
+    mesh = DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6])
+        idx = fd.define_tensor([4, 6], dtype=DataType.Int)
+        src = fd.define_tensor([4, 6])
+        out = fd.ops.scatter(x, idx, src, 0)
+        fd.add_output(fd.ops.mul(out, 2.0))
+        _shard(x, mesh, axis)
+        _shard(idx, mesh, 1)
+        _shard(src, mesh, 1)
+    x_ref, src_ref, idx_ref = torch.randn(8, 6), torch.randn(4, 6), _distinct_rows(4, 8, 6)
+    sim = nvfuser.simulate(fd, [x_ref, idx_ref, src_ref])
+    assert torch.equal(sim.output(0), torch.scatter(x_ref, 0, idx_ref, src_ref) * 2.0)
+    # columns sharded like the index stay where they are; x's rows (any row may be written) move to its columns
+    assert sim.plan.mesh_axes(out) == [[], ["x"]]
+    assert [c.kind for c in sim.plan.communications] == kinds
+
+
+def test_scatter_rejects_bad_input():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 6])
+        idx = fd.define_tensor([2, 6], dtype=DataType.Int)
+        with pytest.raises(NvShardError, match=r"scatter: index T2 must have an integer dtype"):
+            fd.ops.scatter(x, fd.define_tensor([2, 6]), x, 0)
+        with pytest.raises(NvShardError, match=r"scatter: src T3 has rank 1, T0 has rank 2"):
+            fd.ops.scatter(x, idx, fd.define_tensor([6]), 0)
+        with pytest.raises(NvShardError, match=r"scatter: src T4 has dtype __half, T0 has dtype float"):
+            fd.ops.scatter(x, idx, fd.define_tensor([2, 6], dtype=DataType.Half), 0)
+        with pytest.raises(NvShardError, match=r"scatter: dim 2 is out of range for rank 2 of T0"):
+            fd.ops.scatter(x, idx, x, 2)
+
+
 def test_index_ops_reject_float_indices():
     with FusionDefinition() as fd:
         x = fd.define_tensor([4, 6])
