@@ -61,6 +61,8 @@ class Collective:
     # The device groups of a step (step -> [[device, ...], ...]) and which devices of a group receive
     groups: Callable = lambda step: step.after.mesh.groups(step.mesh_axis)
     receivers: Callable = lambda group: list(group)
+    local: bool = False  # moves no data between devices (slice)
+    between_meshes: bool = False  # from one mesh to another (broadcast, send_recv), not over a mesh axis
 
 
 COLLECTIVES: dict[str, Collective] = {}
@@ -136,7 +138,7 @@ def _run_slice(rt, step, src, dst, before, after):
         rt.values[r][dst] = _unstrip(rt, dst, after, t)
 
 
-declare(Collective("slice", "Slice", "SL", lambda d: 0.0, _run_slice))
+declare(Collective("slice", "Slice", "SL", lambda d: 0.0, _run_slice, local=True))
 
 
 # -- allgather ----------------------------------------------------------------------------
@@ -338,7 +340,7 @@ def _distributed_broadcast(rank, pg, group, tensors):
 declare(Collective("broadcast", "Broadcast", "BC", lambda d: 1.0, _run_broadcast, _simulate_broadcast,
                    _distributed_broadcast, lambda group, r, sent, got: nbytes(got[r]) if r != group[0] else None,
                    groups=lambda step: [_broadcast_group(step.before, step.after)],
-                   receivers=lambda group: list(group[1:])))
+                   receivers=lambda group: list(group[1:]), between_meshes=True))
 
 
 # -- send_recv (between meshes of one shape) ---------------------------------------------
@@ -384,4 +386,4 @@ declare(Collective("send_recv", "SendRecv", "CP", lambda d: 1.0, _run_send_recv,
                     _distributed_send_recv,
                     lambda pair, r, sent, got: nbytes(got[r]) if r == pair[1] and pair[0] != pair[1] else None,
                     groups=lambda step: _send_recv_pairs(step.before, step.after),
-                    receivers=lambda pair: [pair[1]] if pair[1] != pair[0] else []))
+                    receivers=lambda pair: [pair[1]] if pair[1] != pair[0] else [], between_meshes=True))

@@ -75,7 +75,7 @@ class Plan:
     def record_communications(self) -> None:
         received: dict = {}
         for expr in self.program.exprs:
-            if not expr.op.is_communication or expr.op.kind == "slice":
+            if not expr.op.is_communication or expr.op.collective.local:
                 continue
             step = expr.attrs["step"]
             src = expr.inputs[0]
@@ -142,7 +142,7 @@ class Plan:
         """Every process group the program uses, in program order."""
         out = []
         for expr in self.program.exprs:
-            if expr.op.is_communication and expr.op.kind != "slice":
+            if expr.op.is_communication and not expr.op.collective.local:
                 step = expr.attrs["step"]
                 for g in collective(step.kind).groups(step):
                     if len(g) > 1 and g not in out:

@@ -195,9 +195,10 @@ _SCHEDULERS = {"pointwise": "pointwise", "reduction": "reduction"}
 
 
 def _moves_nothing(rt: RunState, expr) -> bool:
+    """A collective over a mesh axis of one device."""
     step = expr.attrs.get("step")
     mesh = rt.program.state[expr.tv_outputs[0]].mesh
-    if step is None or mesh is None or expr.op.name in ("broadcast", "send_recv"):
+    if step is None or mesh is None or expr.op.collective.between_meshes:
         return False
     return step.mesh_axis is None or mesh.axis_size(step.mesh_axis) == 1
 
@@ -211,8 +212,8 @@ def _profiled(rt: RunState, step: _Step, ctxs: dict) -> None:
     elapsed_ms = (time.perf_counter() - start) * 1e3
     family = type(expr.op).__module__.rsplit(".", 1)[-1]
     scheduler = "communication" if expr.op.is_communication else _SCHEDULERS.get(family, "expr_eval")
-    if expr.op.name == "slice":
-        scheduler = "expr_eval"  # a local slice moves no data
+    if expr.op.is_communication and expr.op.collective.local:
+        scheduler = "expr_eval"  # a slice moves no data
     elif expr.op.is_communication and _moves_nothing(rt, expr):
         return  # a collective over one device: nvFuser lowers no communication for it
 
