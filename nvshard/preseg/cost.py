@@ -16,7 +16,7 @@ from typing import Optional
 
 from ..ir.nodes import TensorView
 from .program import TvState
-from .projection import plan_compute, resolved
+from .projection import plan_compute, resolved, same_state
 from ..multidevice import layout
 from .reshard import NumelModel, format_bytes, plan_reshard
 
@@ -64,6 +64,7 @@ class CostModel:
         self.numel = NumelModel(self.extent)
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
+        self._digit_keys: dict = {}  # id(layout) -> (layout, layout.key)
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
@@ -84,7 +85,7 @@ class CostModel:
         return reshard_bytes(tv, src, dst, self.numel)
 
     def reshard(self, tv: TensorView, src: TvState, dst: TvState) -> Cost:
-        if src.key() == dst.key():
+        if same_state(src, dst):
             return Cost(symbolic=self.symbolic)
         steps = plan_reshard(tv, src, dst, self.numel)
         total = sum(s.bytes for s in steps)
@@ -121,17 +122,30 @@ class CostModel:
             if sig is None:
                 sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
             state = states[t]
-            parts.append((sig, state.mesh, tuple(None if d is None else layout.key(d) for d in state.layouts)))
+            parts.append((sig, state.mesh, tuple(None if d is None else self._key(d) for d in state.layouts)))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
-                    parts.append((first[o], k, tuple(layout.key(x) for x in options.get((o, k), [()]))))
+                    parts.append((first[o], k, tuple(self._key(x) for x in options.get((o, k), [()]))))
         if shared:
             for t in expr.tv_inputs:
                 if t in shared:
                     made, sharers = shared[t]
                     parts.append((first[t], frozenset(made), sharers))
         return tuple(parts)
+
+    def _key(self, digits) -> tuple:
+        """layout.key(digits), remembered per layout object (the same decided
+        layouts are asked about over and over; the entry keeps the object
+        alive, so its id is not reused)."""
+        if not digits:
+            return ()
+        known = self._digit_keys.get(id(digits))
+        if known is not None:
+            return known[1]
+        key = layout.key(digits)
+        self._digit_keys[id(digits)] = (digits, key)
+        return key
 
     def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
@@ -211,7 +225,7 @@ def _renamed(cost: Cost, expr) -> Cost:
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
     """Bytes received per device by the reshard plan from src to dst."""
-    if src.key() == dst.key():
+    if same_state(src, dst):
         return 0.0
     return sum(s.bytes for s in plan_reshard(tv, src, dst, numel))
 

@@ -61,7 +61,7 @@ class Engine:
         self.releasing = False
         self.proposals: dict = {}  # expr -> [Proposal]
         self.by_target: dict = {}  # tv -> {expr: [Proposal]}
-        self._classes: dict = {}  # tv -> (easy [Choice], competing [Choice])
+        self._classes: dict = {}  # tv -> (easy [Choice], competing [Choice], valid [Choice])
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
         self._stale: set = set()
@@ -214,38 +214,70 @@ class Engine:
 
     def _expr_proposals(self, expr) -> list:
         decided = self.decided
+        frozen = self.frozen
         rule = self.p.rule(expr)
-        slots = axis_factors(expr, rule)
+        slots, kinds, has_sum = _expr_structure(expr, rule)
         targets = [s for s in slots
-                   if decided[s.tv][s.axis] is None and not (s.reduction is False and s.tv in self.frozen)]
+                   if decided[s.tv][s.axis] is None and (s.reduction or s.tv not in frozen)]
         if not targets:
             return []
+        level = self.level
         opinions: dict = {}  # factor -> [Opinion]
         for s in slots:
             d = decided[s.tv][s.axis]
-            if d is None or not d.digits or d.priority > self.level:
+            if d is None or not d.digits or d.priority > level:
                 continue
             mesh = self.mesh[s.tv]
-            per = [d.digits] if not s.compound else split_axis(d.digits, s.factors, rule, mesh.axis_sizes())
+            if not s.compound:
+                f = s.factors[0]
+                o = Opinion(d.digits, s.tv, d.priority, s.role, mesh, False)
+                ops = opinions.get(f)
+                if ops is None:
+                    opinions[f] = [o]
+                else:
+                    ops.append(o)
+                continue
+            per = split_axis(d.digits, s.factors, rule, mesh.axis_sizes())
             if per is None:
                 self.log.note(s.tv, f"{s.tv.short_name()} axis {s.axis}: {layout.describe(d.digits)} cannot cross "
                                     f"{expr.op.name} (a mesh axis would straddle two of its factors); not propagated")
                 continue
             for f, digits in zip(s.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, s.compound))
+                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, True))
         if not opinions:
             return []
-        kinds = _factor_kinds(rule)
         # Through a contraction, an operand still open may yet bring a
         # competing sharding: what crosses the op waits for the contraction
         # stage, so the pass-through wave reaches that operand first.
-        waiting = (not self.releasing and FactorKind.SUM in kinds
+        waiting = (has_sum and not self.releasing
                    and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
                            for s in slots if s.role is Role.OPERAND))
         proposals = []
         for s in targets:
             is_pending = s.reduction and s.role is Role.RESULT
+            if not s.compound:
+                f = s.factors[0]
+                kind = kinds[f]
+                if kind is FactorKind.REPLICATED:
+                    ops = []
+                else:
+                    ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv]
+                if is_pending and kind is FactorKind.SUM:
+                    ops = self._pending_options(f, ops, slots)
+                    if ops is None:
+                        continue
+                if not ops:
+                    continue
+                # one factor: one proposal per opinion
+                stage = Stage.crossing(kind, False)
+                if waiting:
+                    stage = max(stage, Stage.CONTRACTION)
+                for c in ops:
+                    proposals.append(Proposal(
+                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
+                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction))
+                continue
             per_factor = []
             for f in s.factors:
                 kind = kinds[f]
@@ -257,16 +289,6 @@ class Engine:
                         break
                 per_factor.append(ops)
             if per_factor is None or not any(per_factor):
-                continue
-            if not s.compound:
-                # one factor: one proposal per opinion
-                stage = Stage.crossing(kinds[s.factors[0]], False)
-                if waiting:
-                    stage = max(stage, Stage.CONTRACTION)
-                for c in per_factor[0]:
-                    proposals.append(Proposal(
-                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
-                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction))
                 continue
             # a factor nobody has an opinion on stays whole in this proposal
             options = [o if o else [None] for o in per_factor]
@@ -337,12 +359,14 @@ class Engine:
                     continue
                 used = used_red if p.reduction else used_it
                 digits = p.digits
-                if not used.isdisjoint(p.mesh_axes):
+                if used.isdisjoint(p.mesh_axes):
+                    key = (p.axis, p.key, p.mesh)
+                else:
                     # keep the outer part that still fits (Shardy's longest compatible prefix)
                     digits = layout.keep_outer(digits, used, p.mesh.axis_sizes())
                     if not digits:
                         continue
-                key = (p.axis, layout.key(digits), p.mesh)
+                    key = (p.axis, layout.key(digits), p.mesh)
                 m = merged.get(key)
                 if m is None:
                     m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction)
@@ -356,7 +380,7 @@ class Engine:
         """(easy, competing): tv's choices that nothing competes with, and the rest."""
         cached = self._classes.get(tv)
         if cached is not None:
-            return cached
+            return cached[0], cached[1]
         valid = self.valid(tv)
         easy, competing = [], []
         for m in valid:
@@ -364,8 +388,17 @@ class Engine:
                 competing.append(m)
             else:
                 easy.append(m)
-        self._classes[tv] = (easy, competing)
+        self._classes[tv] = (easy, competing, valid)
         return easy, competing
+
+    def current_choices(self, tv) -> list:
+        """valid(tv) as of now, kept with the classification (both change
+        only when tv's proposals or decisions do); callers must not change it."""
+        cached = self._classes.get(tv)
+        if cached is None:
+            self.classify(tv)
+            cached = self._classes[tv]
+        return cached[2]
 
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason: str = "") -> None:
@@ -415,11 +448,14 @@ class Engine:
             self.p.state[tv] = TvState(mesh, layouts)
 
 
-def _factor_kinds(rule) -> list:
-    kinds = rule.cache.get("factor_kinds")
-    if kinds is None:
-        kinds = rule.cache["factor_kinds"] = [f.kind for f in rule.factors]
-    return kinds
+def _expr_structure(expr, rule) -> tuple:
+    """(axis_factors, the kind of each factor, whether a factor is a
+    contraction): fixed per expr, cached with its rule."""
+    cached = rule.cache.get("engine_structure")
+    if cached is None:
+        kinds = [f.kind for f in rule.factors]
+        cached = rule.cache["engine_structure"] = (axis_factors(expr, rule), kinds, FactorKind.SUM in kinds)
+    return cached
 
 
 def _number(tv) -> int:

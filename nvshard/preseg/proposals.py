@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 from ..multidevice import layout
 from ..ops.registry import FactorKind
@@ -56,9 +56,9 @@ class Direction(enum.Enum):
         return Direction.SIDEWAYS
 
 
-@dataclass(frozen=True)
-class Opinion:
-    """The layout one tensor of an expr has on one factor."""
+class Opinion(NamedTuple):
+    """The layout one tensor of an expr has on one factor (a tuple: the
+    engine makes thousands per round)."""
 
     digits: tuple
     tv: object
@@ -68,7 +68,7 @@ class Opinion:
     compound: bool  # read off an axis made of several factors
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Proposal:
     tv: object
     axis: int
@@ -82,9 +82,11 @@ class Proposal:
     direction: Direction
     reduction: bool  # the target axis is a reduction axis (a pending sum)
     mesh_axes: frozenset = frozenset()
+    key: tuple = ()  # layout.key(digits), for merging identical proposals
 
     def __post_init__(self):
         self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+        self.key = layout.key(self.digits)
 
 
 @dataclass(eq=False)
