@@ -61,10 +61,11 @@ class CostModel:
         self.program = program
         self.sizes = sizes
         self.symbolic = sizes is None
-        self.numel = NumelModel(self.extent)
+        self.numel = _RememberingNumel(self.extent)
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
         self._digit_keys: dict = {}  # id(layout) -> (layout, layout.key)
+        self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
@@ -113,16 +114,24 @@ class CostModel:
         return best
 
     def _question(self, expr, states, options, shared) -> tuple:
-        tensors = expr.tv_inputs + expr.tv_outputs
-        first = {}
-        parts = [_rule_text(self.program.rule(expr)),
-                 tuple(first.setdefault(t, i) for i, t in enumerate(tensors))]
-        for t in tensors:
-            sig = self._signatures.get(t)
-            if sig is None:
-                sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
+        fixed = self._expr_questions.get(expr)
+        if fixed is None:  # what does not depend on the states
+            tensors = expr.tv_inputs + expr.tv_outputs
+            first = {}
+            head = (_rule_text(self.program.rule(expr)), tuple(first.setdefault(t, i) for i, t in enumerate(tensors)))
+            sigs = []
+            for t in tensors:
+                sig = self._signatures.get(t)
+                if sig is None:
+                    sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
+                sigs.append(sig)
+            fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
+        tensors, first, head, sigs = fixed
+        parts = list(head)
+        key = self._key
+        for t, sig in zip(tensors, sigs):
             state = states[t]
-            parts.append((sig, state.mesh, tuple(None if d is None else self._key(d) for d in state.layouts)))
+            parts.append((sig, state.mesh, tuple(None if d is None else key(d) for d in state.layouts)))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
@@ -191,6 +200,21 @@ class CostModel:
         for tv, produced in zip(expr.tv_outputs, compute.results):
             total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
+
+
+class _RememberingNumel(NumelModel):
+    """A NumelModel that computes each tensor's signature once per plan
+    (every reshard plan looks it up)."""
+
+    def __init__(self, extent):
+        super().__init__(extent)
+        self._signatures: dict = {}
+
+    def signature(self, tv) -> tuple:
+        sig = self._signatures.get(tv)
+        if sig is None:
+            sig = self._signatures[tv] = super().signature(tv)
+        return sig
 
 
 def _rule_text(rule) -> str:

@@ -327,19 +327,29 @@ class Engine:
 
     def _refresh(self, exprs) -> None:
         touched = set()
+        by_target = self.by_target
         for e in exprs:
-            for p in self.proposals.get(e, []):
-                touched.add(p.tv)
-                self.by_target.get(p.tv, {}).pop(e, None)
+            old = self.proposals.get(e)
+            if old:
+                for tv in {p.tv for p in old}:
+                    touched.add(tv)
+                    by_target.get(tv, {}).pop(e, None)
             new = self._expr_proposals(e)
             self.proposals[e] = new
             for p in new:
                 touched.add(p.tv)
-                self.by_target.setdefault(p.tv, {}).setdefault(e, []).append(p)
+                per_expr = by_target.get(p.tv)
+                if per_expr is None:
+                    per_expr = by_target[p.tv] = {}
+                props = per_expr.get(e)
+                if props is None:
+                    per_expr[e] = [p]
+                else:
+                    props.append(p)
         for tv in touched:
             self._invalidate(tv)
-            if tv in self.by_target and not any(self.by_target[tv].values()):
-                del self.by_target[tv]
+            if tv in by_target and not by_target[tv]:  # (an entry holds one proposal at least)
+                del by_target[tv]
 
     def _invalidate(self, tv) -> None:
         self._classes.pop(tv, None)
