@@ -10,6 +10,7 @@ bytes) in that order, symbolic extents counting SYMBOLIC_EXTENT_GUESS each.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Optional
@@ -61,7 +62,8 @@ class CostModel:
         self.program = program
         self.sizes = sizes
         self.symbolic = sizes is None
-        self.numel = _RememberingNumel(self.extent)
+        # a function of the sizes, not a bound method: no cycle through self
+        self.numel = _RememberingNumel(functools.partial(_extent, sizes))
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
         self._digit_keys: dict = {}  # id(layout) -> (layout, layout.key)
@@ -72,11 +74,7 @@ class CostModel:
         }
 
     def extent(self, tv: TensorView, k: int) -> float:
-        id_ = tv.logical[k]
-        size = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
-        if self.sizes is not None:
-            return float(self.sizes.evaluate_size(size))
-        return size.estimate(SYMBOLIC_EXTENT_GUESS)
+        return _extent(self.sizes, tv, k)
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
@@ -200,6 +198,15 @@ class CostModel:
         for tv, produced in zip(expr.tv_outputs, compute.results):
             total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
+
+
+def _extent(sizes, tv: TensorView, k: int) -> float:
+    """Global extent of tv's logical axis k: concrete with sizes, else an estimate."""
+    id_ = tv.logical[k]
+    size = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
+    if sizes is not None:
+        return float(sizes.evaluate_size(size))
+    return size.estimate(SYMBOLIC_EXTENT_GUESS)
 
 
 class _RememberingNumel(NumelModel):

@@ -71,6 +71,7 @@ class Engine:
         self._heap_counter = 0
         self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
         self._used_cache: dict = {}
+        self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self.depth, self.canon = _structure(program)
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
@@ -110,6 +111,15 @@ class Engine:
 
     # -- the main loop ----------------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            # The resolver points back at the engine: without it the engine's
+            # proposals and classes are freed as soon as the pass drops it,
+            # instead of waiting for (and costing) the cyclic collector.
+            self.resolver = None
+
+    def _run(self) -> None:
         levels = sorted({d.priority for tv in self.frozen for d in self.decided[tv] if d is not None}) or [0]
         for level in levels:
             self.level = level
@@ -274,9 +284,10 @@ class Engine:
                 if waiting:
                     stage = max(stage, Stage.CONTRACTION)
                 for c in ops:
+                    mesh_axes, key = self._layout_facts(c.digits)
                     proposals.append(Proposal(
                         s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
-                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction))
+                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction, mesh_axes, key))
                 continue
             per_factor = []
             for f in s.factors:
@@ -302,6 +313,16 @@ class Engine:
                     Direction.between(first.role, s.role), s.reduction,
                 ))
         return proposals
+
+    def _layout_facts(self, digits) -> tuple:
+        """(mesh axes as a frozenset, layout.key) of a layout, remembered per
+        layout object: the same decided layouts are proposed round after
+        round (the entry keeps the object alive, so its id is not reused)."""
+        known = self._layouts_seen.get(id(digits))
+        if known is None:
+            known = self._layouts_seen[id(digits)] = (
+                digits, frozenset(layout.mesh_axes_of(digits)), layout.key(digits))
+        return known[1], known[2]
 
     def _pending_options(self, f, ops, slots):
         """Layouts for a pending sum over contraction factor f: only once every
@@ -379,7 +400,8 @@ class Engine:
                     key = (p.axis, layout.key(digits), p.mesh)
                 m = merged.get(key)
                 if m is None:
-                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction)
+                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
+                                             mesh_axes=p.mesh_axes if digits is p.digits else None)
                 elif p.priority < m.priority or p.stage < m.stage:
                     m.priority = min(m.priority, p.priority)
                     m.stage = min(m.stage, p.stage)

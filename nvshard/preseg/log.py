@@ -18,17 +18,12 @@ class DecisionLog:
         self.entries: list[tuple] = []  # (tensor, text or a function making it)
         self._notes: set = set()
 
-    def _axis_name(self, tv, axis: int) -> str:
-        id_ = tv.logical[axis]
-        kind = "pending sum on reduction axis" if id_.is_reduction() else "axis"
-        return f"{tv.short_name()} {kind} {axis}"
-
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
         """`source` is formatted with str() when the log is read."""
 
         def text():
             what = layout.describe(digits) if digits else "replicated"
-            line = f"{self._axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
+            line = f"{_axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
             return line + (f"; chosen in a conflict ({reason})" if reason else "")
 
         self.entries.append((tv, text))
@@ -56,6 +51,14 @@ class DecisionLog:
 
     def text(self) -> str:
         return "\n".join(_text(entry) for _, entry in self.entries)
+
+
+def _axis_name(tv, axis: int) -> str:
+    """(A function, not a method: the entries' closures must not hold the
+    log, or every plan's log becomes garbage only the cyclic collector frees.)"""
+    id_ = tv.logical[axis]
+    kind = "pending sum on reduction axis" if id_.is_reduction() else "axis"
+    return f"{tv.short_name()} {kind} {axis}"
 
 
 def _text(entry) -> str:

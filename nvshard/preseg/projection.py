@@ -42,11 +42,10 @@ class AxisFactors:
     extents: tuple  # of the factors
     reduction: bool  # a result's reduction axis: a layout there is a pending sum
     names: str  # factor names, for the log
+    compound: bool = False  # made of several factors (a reshape splits or merges it)
 
-    @property
-    def compound(self) -> bool:
-        """Made of several factors (a reshape splits or merges it)."""
-        return len(self.factors) > 1
+    def __post_init__(self):
+        object.__setattr__(self, "compound", len(self.factors) > 1)
 
 
 def operand_axes(expr, i: int, rule) -> list:
@@ -264,11 +263,18 @@ def _realizable(expr, plan: ComputePlan) -> bool:
 
 
 def same_state(a: TvState, b: TvState) -> bool:
-    """a.key() == b.key(), with a fast path for equal layouts (Size compares
-    by its key, so equal tuples have equal keys)."""
+    """a.key() == b.key() without building the keys: Size compares by its
+    key, a mesh axis name never equals a Size, and an open axis (None) keys
+    as replicated."""
     if a.mesh != b.mesh:
         return False
-    return a.layouts == b.layouts or a.key() == b.key()
+    la, lb = a.layouts, b.layouts
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if x is not y and (x or ()) != (y or ()):
+            return False
+    return True
 
 
 def _moves_nothing(expr, plan: ComputePlan, result_states: list, operand_states: list) -> bool:

@@ -81,12 +81,14 @@ class Proposal:
     source: Optional[object]  # the tensor whose layout is proposed
     direction: Direction
     reduction: bool  # the target axis is a reduction axis (a pending sum)
-    mesh_axes: frozenset = frozenset()
-    key: tuple = ()  # layout.key(digits), for merging identical proposals
+    mesh_axes: Optional[frozenset] = None  # of digits (computed when not given)
+    key: Optional[tuple] = None  # layout.key(digits), for merging identical proposals
 
     def __post_init__(self):
-        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
-        self.key = layout.key(self.digits)
+        if self.mesh_axes is None:
+            self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+        if self.key is None:
+            self.key = layout.key(self.digits)
 
 
 @dataclass(eq=False)
@@ -100,10 +102,11 @@ class Choice:
     stage: Stage
     reduction: bool
     sources: list = field(default_factory=list)  # [Proposal]
-    mesh_axes: frozenset = frozenset()
+    mesh_axes: Optional[frozenset] = None  # of digits (computed when not given)
 
     def __post_init__(self):
-        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+        if self.mesh_axes is None:
+            self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
 
 
 def compete(a: Choice, b: Choice) -> bool:
