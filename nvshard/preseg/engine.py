@@ -72,6 +72,7 @@ class Engine:
         self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
         self._used_cache: dict = {}
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
+        self._open_to: dict = {}  # expr -> its axes that are not annotated
         self.depth, self.canon = _structure(program)
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
@@ -227,8 +228,10 @@ class Engine:
         frozen = self.frozen
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
-        targets = [s for s in slots
-                   if decided[s.tv][s.axis] is None and (s.reduction or s.tv not in frozen)]
+        open_to = self._open_to.get(expr)
+        if open_to is None:  # axes that may take a proposal (annotations are final)
+            open_to = self._open_to[expr] = [s for s in slots if s.reduction or s.tv not in frozen]
+        targets = [s for s in open_to if decided[s.tv][s.axis] is None]
         if not targets:
             return []
         level = self.level
