@@ -143,20 +143,26 @@ class Unreached:
         return "nothing proposed: replicated"
 
 
-@dataclass(frozen=True, eq=False)
 class Propagated:
     """Carried through an expr by the choice's first proposal (or chosen with
-    no proposal behind it, in a conflict)."""
+    no proposal behind it, in a conflict). Keeps only what its text needs
+    (a choice's sources are final once it is applied), so the engine's
+    proposals and choices are freed with the engine rather than living as
+    long as the plan's log."""
 
-    choice: Choice
+    __slots__ = ("via", "tensors")
+
+    def __init__(self, choice: Choice):
+        first = choice.sources[0] if choice.sources else None
+        self.via = None if first is None else (first.direction, first.expr, first.factor)
+        self.tensors = tuple(s.source for s in choice.sources if s.source is not None)
 
     def __str__(self) -> str:
-        if not self.choice.sources:
+        if self.via is None:
             return "conflict resolution"
-        p = self.choice.sources[0]
-        via = f"{p.direction.value} through {p.expr.op.name} (factor {p.factor})"
-        names = sorted({s.source.short_name() for s in self.choice.sources if s.source is not None},
-                       key=lambda n: int(n[1:]))
+        direction, expr, factor = self.via
+        via = f"{direction.value} through {expr.op.name} (factor {factor})"
+        names = sorted({t.short_name() for t in self.tensors}, key=lambda n: int(n[1:]))
         if names:
             via += " from " + ", ".join(names)
         return via
