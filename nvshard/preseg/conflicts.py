@@ -164,7 +164,7 @@ class ConflictResolver:
             implied = self._implied(expr, out, k, tv, states)
             if implied is not None:
                 opts.append(implied)
-        for m in self.engine.valid(out):
+        for m in self.engine.current_choices(out):
             if m.axis == k and not (out is tv and any(compete(m, c) for c in chosen)):
                 opts.append(m.digits)
         opts.append(())

@@ -10,13 +10,14 @@ bytes) in that order, symbolic extents counting SYMBOLIC_EXTENT_GUESS each.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ir.nodes import TensorView
 from .program import TvState
-from .projection import plan_compute, resolved
+from .projection import plan_compute, resolved, same_state
 from ..multidevice import layout
 from .reshard import NumelModel, format_bytes, plan_reshard
 
@@ -61,20 +62,19 @@ class CostModel:
         self.program = program
         self.sizes = sizes
         self.symbolic = sizes is None
-        self.numel = NumelModel(self.extent)
+        # a function of the sizes, not a bound method: no cycle through self
+        self.numel = _RememberingNumel(functools.partial(_extent, sizes))
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
+        self._digit_keys: dict = {}  # id(layout) -> (layout, layout.key)
+        self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
         }
 
     def extent(self, tv: TensorView, k: int) -> float:
-        id_ = tv.logical[k]
-        size = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
-        if self.sizes is not None:
-            return float(self.sizes.evaluate_size(size))
-        return size.estimate(SYMBOLIC_EXTENT_GUESS)
+        return _extent(self.sizes, tv, k)
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
@@ -84,7 +84,7 @@ class CostModel:
         return reshard_bytes(tv, src, dst, self.numel)
 
     def reshard(self, tv: TensorView, src: TvState, dst: TvState) -> Cost:
-        if src.key() == dst.key():
+        if same_state(src, dst):
             return Cost(symbolic=self.symbolic)
         steps = plan_reshard(tv, src, dst, self.numel)
         total = sum(s.bytes for s in steps)
@@ -112,26 +112,47 @@ class CostModel:
         return best
 
     def _question(self, expr, states, options, shared) -> tuple:
-        tensors = expr.tv_inputs + expr.tv_outputs
-        first = {}
-        parts = [_rule_text(self.program.rule(expr)),
-                 tuple(first.setdefault(t, i) for i, t in enumerate(tensors))]
-        for t in tensors:
-            sig = self._signatures.get(t)
-            if sig is None:
-                sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
+        fixed = self._expr_questions.get(expr)
+        if fixed is None:  # what does not depend on the states
+            tensors = expr.tv_inputs + expr.tv_outputs
+            first = {}
+            head = (_rule_text(self.program.rule(expr)), tuple(first.setdefault(t, i) for i, t in enumerate(tensors)))
+            sigs = []
+            for t in tensors:
+                sig = self._signatures.get(t)
+                if sig is None:
+                    sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
+                sigs.append(sig)
+            fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
+        tensors, first, head, sigs = fixed
+        parts = list(head)
+        key = self._key
+        for t, sig in zip(tensors, sigs):
             state = states[t]
-            parts.append((sig, state.mesh, tuple(None if d is None else layout.key(d) for d in state.layouts)))
+            parts.append((sig, state.mesh, tuple(None if d is None else key(d) for d in state.layouts)))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
-                    parts.append((first[o], k, tuple(layout.key(x) for x in options.get((o, k), [()]))))
+                    parts.append((first[o], k, tuple(self._key(x) for x in options.get((o, k), [()]))))
         if shared:
             for t in expr.tv_inputs:
                 if t in shared:
                     made, sharers = shared[t]
                     parts.append((first[t], frozenset(made), sharers))
         return tuple(parts)
+
+    def _key(self, digits) -> tuple:
+        """layout.key(digits), remembered per layout object (the same decided
+        layouts are asked about over and over; the entry keeps the object
+        alive, so its id is not reused)."""
+        if not digits:
+            return ()
+        known = self._digit_keys.get(id(digits))
+        if known is not None:
+            return known[1]
+        key = layout.key(digits)
+        self._digit_keys[id(digits)] = (digits, key)
+        return key
 
     def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
@@ -179,6 +200,30 @@ class CostModel:
         return total
 
 
+def _extent(sizes, tv: TensorView, k: int) -> float:
+    """Global extent of tv's logical axis k: concrete with sizes, else an estimate."""
+    id_ = tv.logical[k]
+    size = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
+    if sizes is not None:
+        return float(sizes.evaluate_size(size))
+    return size.estimate(SYMBOLIC_EXTENT_GUESS)
+
+
+class _RememberingNumel(NumelModel):
+    """A NumelModel that computes each tensor's signature once per plan
+    (every reshard plan looks it up)."""
+
+    def __init__(self, extent):
+        super().__init__(extent)
+        self._signatures: dict = {}
+
+    def signature(self, tv) -> tuple:
+        sig = self._signatures.get(tv)
+        if sig is None:
+            sig = self._signatures[tv] = super().signature(tv)
+        return sig
+
+
 def _rule_text(rule) -> str:
     text = rule.cache.get("text")
     if text is None:
@@ -211,7 +256,7 @@ def _renamed(cost: Cost, expr) -> Cost:
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
     """Bytes received per device by the reshard plan from src to dst."""
-    if src.key() == dst.key():
+    if same_state(src, dst):
         return 0.0
     return sum(s.bytes for s in plan_reshard(tv, src, dst, numel))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..ir.nodes import TensorView
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
-from .projection import plan_compute, resolved
+from .projection import plan_compute, resolved, same_state
 from .cost import reshard_bytes
 from .reshard import NumelModel, plan_reshard
 
@@ -40,10 +40,9 @@ class DecomposeReshardingsPass:
             return cur
 
         def reshard(tv: TensorView, target: TvState) -> TensorView:
-            target_key = target.key()
-            if program.state[tv].key() == target_key:
+            if same_state(program.state[tv], target):
                 return tv
-            key = (tv, target_key)
+            key = (tv, target.key())
             if key not in cache:
                 steps = plan_reshard(tv, program.state[tv], target, self.numel)
                 cache[key] = emit(tv, steps) if steps else tv
@@ -65,7 +64,7 @@ class DecomposeReshardingsPass:
             for i, out in enumerate(expr.tv_outputs):
                 produced = compute.results[i]
                 final = resolved(out, program.state[out])
-                steps = [] if produced.key() == final.key() else plan_reshard(out, produced, final, self.numel)
+                steps = [] if same_state(produced, final) else plan_reshard(out, produced, final, self.numel)
                 program.state[out] = final
                 if not steps:
                     outputs.append(out)

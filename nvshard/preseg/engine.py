@@ -61,7 +61,7 @@ class Engine:
         self.releasing = False
         self.proposals: dict = {}  # expr -> [Proposal]
         self.by_target: dict = {}  # tv -> {expr: [Proposal]}
-        self._classes: dict = {}  # tv -> (easy [Choice], competing [Choice])
+        self._classes: dict = {}  # tv -> (easy [Choice], competing [Choice], valid [Choice])
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
         self._stale: set = set()
@@ -71,6 +71,8 @@ class Engine:
         self._heap_counter = 0
         self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
         self._used_cache: dict = {}
+        self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
+        self._open_to: dict = {}  # expr -> its axes that are not annotated
         self.depth, self.canon = _structure(program)
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
@@ -110,6 +112,15 @@ class Engine:
 
     # -- the main loop ----------------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            # The resolver points back at the engine: without it the engine's
+            # proposals and classes are freed as soon as the pass drops it,
+            # instead of waiting for (and costing) the cyclic collector.
+            self.resolver = None
+
+    def _run(self) -> None:
         levels = sorted({d.priority for tv in self.frozen for d in self.decided[tv] if d is not None}) or [0]
         for level in levels:
             self.level = level
@@ -214,38 +225,73 @@ class Engine:
 
     def _expr_proposals(self, expr) -> list:
         decided = self.decided
+        frozen = self.frozen
         rule = self.p.rule(expr)
-        slots = axis_factors(expr, rule)
-        targets = [s for s in slots
-                   if decided[s.tv][s.axis] is None and not (s.reduction is False and s.tv in self.frozen)]
+        slots, kinds, has_sum = _expr_structure(expr, rule)
+        open_to = self._open_to.get(expr)
+        if open_to is None:  # axes that may take a proposal (annotations are final)
+            open_to = self._open_to[expr] = [s for s in slots if s.reduction or s.tv not in frozen]
+        targets = [s for s in open_to if decided[s.tv][s.axis] is None]
         if not targets:
             return []
+        level = self.level
         opinions: dict = {}  # factor -> [Opinion]
         for s in slots:
             d = decided[s.tv][s.axis]
-            if d is None or not d.digits or d.priority > self.level:
+            if d is None or not d.digits or d.priority > level:
                 continue
             mesh = self.mesh[s.tv]
-            per = [d.digits] if not s.compound else split_axis(d.digits, s.factors, rule, mesh.axis_sizes())
+            if not s.compound:
+                f = s.factors[0]
+                o = Opinion(d.digits, s.tv, d.priority, s.role, mesh, False)
+                ops = opinions.get(f)
+                if ops is None:
+                    opinions[f] = [o]
+                else:
+                    ops.append(o)
+                continue
+            per = split_axis(d.digits, s.factors, rule, mesh.axis_sizes())
             if per is None:
                 self.log.note(s.tv, f"{s.tv.short_name()} axis {s.axis}: {layout.describe(d.digits)} cannot cross "
                                     f"{expr.op.name} (a mesh axis would straddle two of its factors); not propagated")
                 continue
             for f, digits in zip(s.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, s.compound))
+                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, True))
         if not opinions:
             return []
-        kinds = _factor_kinds(rule)
         # Through a contraction, an operand still open may yet bring a
         # competing sharding: what crosses the op waits for the contraction
         # stage, so the pass-through wave reaches that operand first.
-        waiting = (not self.releasing and FactorKind.SUM in kinds
+        waiting = (has_sum and not self.releasing
                    and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
                            for s in slots if s.role is Role.OPERAND))
         proposals = []
         for s in targets:
             is_pending = s.reduction and s.role is Role.RESULT
+            if not s.compound:
+                f = s.factors[0]
+                kind = kinds[f]
+                if kind is FactorKind.REPLICATED:
+                    ops = []
+                else:
+                    ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv]
+                if is_pending and kind is FactorKind.SUM:
+                    ops = self._pending_options(f, ops, slots)
+                    if ops is None:
+                        continue
+                if not ops:
+                    continue
+                # one factor: one proposal per opinion
+                stage = Stage.crossing(kind, False)
+                if waiting:
+                    stage = max(stage, Stage.CONTRACTION)
+                for c in ops:
+                    mesh_axes, key = self._layout_facts(c.digits)
+                    proposals.append(Proposal(
+                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
+                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction, mesh_axes, key))
+                continue
             per_factor = []
             for f in s.factors:
                 kind = kinds[f]
@@ -257,16 +303,6 @@ class Engine:
                         break
                 per_factor.append(ops)
             if per_factor is None or not any(per_factor):
-                continue
-            if not s.compound:
-                # one factor: one proposal per opinion
-                stage = Stage.crossing(kinds[s.factors[0]], False)
-                if waiting:
-                    stage = max(stage, Stage.CONTRACTION)
-                for c in per_factor[0]:
-                    proposals.append(Proposal(
-                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
-                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction))
                 continue
             # a factor nobody has an opinion on stays whole in this proposal
             options = [o if o else [None] for o in per_factor]
@@ -280,6 +316,16 @@ class Engine:
                     Direction.between(first.role, s.role), s.reduction,
                 ))
         return proposals
+
+    def _layout_facts(self, digits) -> tuple:
+        """(mesh axes as a frozenset, layout.key) of a layout, remembered per
+        layout object: the same decided layouts are proposed round after
+        round (the entry keeps the object alive, so its id is not reused)."""
+        known = self._layouts_seen.get(id(digits))
+        if known is None:
+            known = self._layouts_seen[id(digits)] = (
+                digits, frozenset(layout.mesh_axes_of(digits)), layout.key(digits))
+        return known[1], known[2]
 
     def _pending_options(self, f, ops, slots):
         """Layouts for a pending sum over contraction factor f: only once every
@@ -305,19 +351,29 @@ class Engine:
 
     def _refresh(self, exprs) -> None:
         touched = set()
+        by_target = self.by_target
         for e in exprs:
-            for p in self.proposals.get(e, []):
-                touched.add(p.tv)
-                self.by_target.get(p.tv, {}).pop(e, None)
+            old = self.proposals.get(e)
+            if old:
+                for tv in {p.tv for p in old}:
+                    touched.add(tv)
+                    by_target.get(tv, {}).pop(e, None)
             new = self._expr_proposals(e)
             self.proposals[e] = new
             for p in new:
                 touched.add(p.tv)
-                self.by_target.setdefault(p.tv, {}).setdefault(e, []).append(p)
+                per_expr = by_target.get(p.tv)
+                if per_expr is None:
+                    per_expr = by_target[p.tv] = {}
+                props = per_expr.get(e)
+                if props is None:
+                    per_expr[e] = [p]
+                else:
+                    props.append(p)
         for tv in touched:
             self._invalidate(tv)
-            if tv in self.by_target and not any(self.by_target[tv].values()):
-                del self.by_target[tv]
+            if tv in by_target and not by_target[tv]:  # (an entry holds one proposal at least)
+                del by_target[tv]
 
     def _invalidate(self, tv) -> None:
         self._classes.pop(tv, None)
@@ -337,15 +393,18 @@ class Engine:
                     continue
                 used = used_red if p.reduction else used_it
                 digits = p.digits
-                if not used.isdisjoint(p.mesh_axes):
+                if used.isdisjoint(p.mesh_axes):
+                    key = (p.axis, p.key, p.mesh)
+                else:
                     # keep the outer part that still fits (Shardy's longest compatible prefix)
                     digits = layout.keep_outer(digits, used, p.mesh.axis_sizes())
                     if not digits:
                         continue
-                key = (p.axis, layout.key(digits), p.mesh)
+                    key = (p.axis, layout.key(digits), p.mesh)
                 m = merged.get(key)
                 if m is None:
-                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction)
+                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
+                                             mesh_axes=p.mesh_axes if digits is p.digits else None)
                 elif p.priority < m.priority or p.stage < m.stage:
                     m.priority = min(m.priority, p.priority)
                     m.stage = min(m.stage, p.stage)
@@ -356,7 +415,7 @@ class Engine:
         """(easy, competing): tv's choices that nothing competes with, and the rest."""
         cached = self._classes.get(tv)
         if cached is not None:
-            return cached
+            return cached[0], cached[1]
         valid = self.valid(tv)
         easy, competing = [], []
         for m in valid:
@@ -364,8 +423,17 @@ class Engine:
                 competing.append(m)
             else:
                 easy.append(m)
-        self._classes[tv] = (easy, competing)
+        self._classes[tv] = (easy, competing, valid)
         return easy, competing
+
+    def current_choices(self, tv) -> list:
+        """valid(tv) as of now, kept with the classification (both change
+        only when tv's proposals or decisions do); callers must not change it."""
+        cached = self._classes.get(tv)
+        if cached is None:
+            self.classify(tv)
+            cached = self._classes[tv]
+        return cached[2]
 
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason: str = "") -> None:
@@ -415,11 +483,14 @@ class Engine:
             self.p.state[tv] = TvState(mesh, layouts)
 
 
-def _factor_kinds(rule) -> list:
-    kinds = rule.cache.get("factor_kinds")
-    if kinds is None:
-        kinds = rule.cache["factor_kinds"] = [f.kind for f in rule.factors]
-    return kinds
+def _expr_structure(expr, rule) -> tuple:
+    """(axis_factors, the kind of each factor, whether a factor is a
+    contraction): fixed per expr, cached with its rule."""
+    cached = rule.cache.get("engine_structure")
+    if cached is None:
+        kinds = [f.kind for f in rule.factors]
+        cached = rule.cache["engine_structure"] = (axis_factors(expr, rule), kinds, FactorKind.SUM in kinds)
+    return cached
 
 
 def _number(tv) -> int:

@@ -15,23 +15,12 @@ class DecisionLog:
     decisions and usually nobody prints them."""
 
     def __init__(self):
-        self.entries: list[tuple] = []  # (tensor, text or a function making it)
+        self.entries: list[tuple] = []  # (tensor, text or a _Decided record)
         self._notes: set = set()
-
-    def _axis_name(self, tv, axis: int) -> str:
-        id_ = tv.logical[axis]
-        kind = "pending sum on reduction axis" if id_.is_reduction() else "axis"
-        return f"{tv.short_name()} {kind} {axis}"
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
         """`source` is formatted with str() when the log is read."""
-
-        def text():
-            what = layout.describe(digits) if digits else "replicated"
-            line = f"{self._axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
-            return line + (f"; chosen in a conflict ({reason})" if reason else "")
-
-        self.entries.append((tv, text))
+        self.entries.append((tv, _Decided((tv, axis, digits, source, priority, stage, reason))))
 
     def note(self, tv, text: str) -> None:
         if (tv, text) not in self._notes:
@@ -58,5 +47,25 @@ class DecisionLog:
         return "\n".join(_text(entry) for _, entry in self.entries)
 
 
+class _Decided(tuple):
+    """One decision, formatted when read. (A plain record, not a closure over
+    the log: a closure and its cells are eight objects per decision for the
+    collector to walk, and holding the log would make it a cycle.)"""
+
+    __slots__ = ()
+
+    def text(self) -> str:
+        tv, axis, digits, source, priority, stage, reason = self
+        what = layout.describe(digits) if digits else "replicated"
+        line = f"{_axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
+        return line + (f"; chosen in a conflict ({reason})" if reason else "")
+
+
+def _axis_name(tv, axis: int) -> str:
+    id_ = tv.logical[axis]
+    kind = "pending sum on reduction axis" if id_.is_reduction() else "axis"
+    return f"{tv.short_name()} {kind} {axis}"
+
+
 def _text(entry) -> str:
-    return entry() if callable(entry) else entry
+    return entry.text() if isinstance(entry, _Decided) else entry

@@ -42,22 +42,30 @@ class AxisFactors:
     extents: tuple  # of the factors
     reduction: bool  # a result's reduction axis: a layout there is a pending sum
     names: str  # factor names, for the log
+    compound: bool = False  # made of several factors (a reshape splits or merges it)
 
-    @property
-    def compound(self) -> bool:
-        """Made of several factors (a reshape splits or merges it)."""
-        return len(self.factors) > 1
+    def __post_init__(self):
+        object.__setattr__(self, "compound", len(self.factors) > 1)
 
 
 def operand_axes(expr, i: int, rule) -> list:
     """[(logical axis, factors)] of TensorView operand i: the rule lists its
-    non-reduction axes."""
-    return list(zip(expr.tv_inputs[i].non_reduction_axes(), rule.operands[i]))
+    non-reduction axes. Cached with the rule: callers must not change it."""
+    key = ("operand_axes", i)
+    pairs = rule.cache.get(key)
+    if pairs is None:
+        pairs = rule.cache[key] = list(zip(expr.tv_inputs[i].non_reduction_axes(), rule.operands[i]))
+    return pairs
 
 
 def result_axes(expr, i: int, rule) -> list:
-    """[(logical axis, factors)] of result i: the rule lists every logical axis."""
-    return list(enumerate(rule.results[i]))
+    """[(logical axis, factors)] of result i: the rule lists every logical
+    axis. Cached with the rule: callers must not change it."""
+    key = ("result_axes", i)
+    pairs = rule.cache.get(key)
+    if pairs is None:
+        pairs = rule.cache[key] = list(enumerate(rule.results[i]))
+    return pairs
 
 
 def tensor_axes(expr, tv, rule) -> Optional[list]:
@@ -92,11 +100,15 @@ def axis_factors(expr, rule) -> list:
 def split_axis(digits, factors, rule, mesh_sizes: dict):
     """One axis's layout as one layout per factor it is made of; None when a
     mesh axis would straddle two factors."""
+    if len(factors) == 1:
+        return [digits]
     return layout.split_layout(digits, [rule.factors[f].extent for f in factors], mesh_sizes)
 
 
 def join_axis(per_factor: list, factors, rule):
     """The layout of an axis made of factors laid out as given."""
+    if len(factors) == 1:
+        return per_factor[0]
     return layout.join_layouts(per_factor, [rule.factors[f].extent for f in factors])
 
 
@@ -117,9 +129,11 @@ def project(pairs: list, layouts: list, rule, mesh_sizes: dict, skip_replicated:
 
 def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
     """A tensor's axis layouts from one layout per factor (missing = whole)."""
-    layouts = [() for _ in range(n_axes)]
+    layouts = [()] * n_axes
     for k, factors in pairs:
-        if factors:
+        if len(factors) == 1:
+            layouts[k] = factor_layouts.get(factors[0], ())
+        elif factors:
             layouts[k] = join_axis([factor_layouts.get(f, ()) for f in factors], factors, rule)
     return layouts
 
@@ -184,6 +198,8 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     base = _compute_plan(expr, factor_layouts(expr, result_states, rule), result_states, rule)
     if price is None or operand_states is None or base.mesh is None:
         return base
+    if _moves_nothing(expr, base, result_states, operand_states):
+        return base  # costs nothing: no alternative can be cheaper
     best, best_cost = base, None
     for factors in _alternatives(expr, base, operand_states, rule):
         plan = _compute_plan(expr, factors, result_states, rule)
@@ -243,6 +259,35 @@ def _realizable(expr, plan: ComputePlan) -> bool:
             if len(set(axes)) != len(axes) or bucket.intersection(axes):
                 return False
             bucket.update(axes)
+    return True
+
+
+def same_state(a: TvState, b: TvState) -> bool:
+    """a.key() == b.key() without building the keys: Size compares by its
+    key, a mesh axis name never equals a Size, and an open axis (None) keys
+    as replicated."""
+    if a.mesh != b.mesh:
+        return False
+    la, lb = a.layouts, b.layouts
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if x is not y and (x or ()) != (y or ()):
+            return False
+    return True
+
+
+def _moves_nothing(expr, plan: ComputePlan, result_states: list, operand_states: list) -> bool:
+    """Whether `_plan_cost(plan)` is zero because every reshard it prices is
+    from a state to itself."""
+    for actual, required in zip(operand_states, plan.operands):
+        if actual is not None:
+            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
+            if not same_state(src, required):
+                return False
+    for tv, produced, state in zip(expr.tv_outputs, plan.results, result_states):
+        if not same_state(produced, resolved(tv, state)):
+            return False
     return True
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 from ..multidevice import layout
 from ..ops.registry import FactorKind
@@ -56,9 +56,9 @@ class Direction(enum.Enum):
         return Direction.SIDEWAYS
 
 
-@dataclass(frozen=True)
-class Opinion:
-    """The layout one tensor of an expr has on one factor."""
+class Opinion(NamedTuple):
+    """The layout one tensor of an expr has on one factor (a tuple: the
+    engine makes thousands per round)."""
 
     digits: tuple
     tv: object
@@ -68,7 +68,7 @@ class Opinion:
     compound: bool  # read off an axis made of several factors
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Proposal:
     tv: object
     axis: int
@@ -81,10 +81,14 @@ class Proposal:
     source: Optional[object]  # the tensor whose layout is proposed
     direction: Direction
     reduction: bool  # the target axis is a reduction axis (a pending sum)
-    mesh_axes: frozenset = frozenset()
+    mesh_axes: Optional[frozenset] = None  # of digits (computed when not given)
+    key: Optional[tuple] = None  # layout.key(digits), for merging identical proposals
 
     def __post_init__(self):
-        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+        if self.mesh_axes is None:
+            self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+        if self.key is None:
+            self.key = layout.key(self.digits)
 
 
 @dataclass(eq=False)
@@ -98,10 +102,11 @@ class Choice:
     stage: Stage
     reduction: bool
     sources: list = field(default_factory=list)  # [Proposal]
-    mesh_axes: frozenset = frozenset()
+    mesh_axes: Optional[frozenset] = None  # of digits (computed when not given)
 
     def __post_init__(self):
-        self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+        if self.mesh_axes is None:
+            self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
 
 
 def compete(a: Choice, b: Choice) -> bool:
@@ -138,20 +143,26 @@ class Unreached:
         return "nothing proposed: replicated"
 
 
-@dataclass(frozen=True, eq=False)
 class Propagated:
     """Carried through an expr by the choice's first proposal (or chosen with
-    no proposal behind it, in a conflict)."""
+    no proposal behind it, in a conflict). Keeps only what its text needs
+    (a choice's sources are final once it is applied), so the engine's
+    proposals and choices are freed with the engine rather than living as
+    long as the plan's log."""
 
-    choice: Choice
+    __slots__ = ("via", "tensors")
+
+    def __init__(self, choice: Choice):
+        first = choice.sources[0] if choice.sources else None
+        self.via = None if first is None else (first.direction, first.expr, first.factor)
+        self.tensors = tuple(s.source for s in choice.sources if s.source is not None)
 
     def __str__(self) -> str:
-        if not self.choice.sources:
+        if self.via is None:
             return "conflict resolution"
-        p = self.choice.sources[0]
-        via = f"{p.direction.value} through {p.expr.op.name} (factor {p.factor})"
-        names = sorted({s.source.short_name() for s in self.choice.sources if s.source is not None},
-                       key=lambda n: int(n[1:]))
+        direction, expr, factor = self.via
+        via = f"{direction.value} through {expr.op.name} (factor {factor})"
+        names = sorted({t.short_name() for t in self.tensors}, key=lambda n: int(n[1:]))
         if names:
             via += " from " + ", ".join(names)
         return via
