@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from ..ir.sizes import Size
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .cost import Cost

@@ -21,7 +21,8 @@ from ..multidevice.communicator import Communicator
 from ..preseg.projection import result_only_axes
 from .backends import Backend, SimulatedBackend
 from .context import EvalContext, localize_result_only
-from .sizes import SizeEvaluator, agree_on_global_shapes, needs_shape_exchange
+from ..ir.size_evaluator import SizeEvaluator
+from .sizes import agree_on_global_shapes, needs_shape_exchange
 
 
 class RunState:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ..errors import NvShardError
 from ..ir.nodes import TensorView
-from ..ir.size_evaluator import SizeEvaluator  # noqa: F401 - the executor and tools import it from here
 
 
 def needs_shape_exchange(fusion, world_size: int) -> bool:
