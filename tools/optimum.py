@@ -4,7 +4,9 @@
 
 As a script: the optimum for the AlphaFold3 triangle update (only z_in and
 mask annotated) next to nvshard's default plan; exits 1 if the optimum
-costs more than nvshard's plan (it cannot, if both are right). --quick (CI's
+costs more than nvshard's plan there (on this program nvshard's plan is
+optimal, so that is a regression in one of them; on programs where exprs
+may compute on their operands' shards it can happen, see the README). --quick (CI's
 smoke run): b=2, n=8, c=8. tools/bench_comm.py calls optimum() on every row.
 
 The search itself (formulation, cost, exactness) is nvshard's
