@@ -8,8 +8,10 @@ from typing import Optional
 import torch
 
 from .ir.nodes import NvShardError, ParallelType, Scalar, TensorView
+from .ir.sizes import Size
 from . import multidevice
 from .multidevice import layout, shard_tensor
+from .multidevice.splits import apply_splits, tv_splits
 
 
 def propagate_shardings(fd, input_shapes=None, propagation: Optional[str] = None, scalar_inputs=None):
@@ -124,9 +126,6 @@ def simulate(fd, inputs: list, world_size: Optional[int] = None, propagation: Op
 # (mesh axes outer first, then the local block). Partial is a pending sum.
 
 
-_MESH_PARALLEL_TYPES = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
-
-
 def placements_from_layouts(tv_name: str, mesh, layouts: list, pending=()) -> list:
     """DTensor placements, one per mesh dim, for per-dim layouts (non-reduction
     axes) and the mesh axes holding pending sums."""
@@ -184,14 +183,18 @@ def annotate_from_dtensor(tv: TensorView, dtensor) -> None:
             raise NvShardError(f"{tv.short_name()}: DTensor placement {p} on mesh dim {i} is not supported "
                                f"(Shard, Replicate or Partial)")
     _check_dtensor_shape(tv, dtensor, mesh)
+    sizes = mesh.axis_sizes()
+    layouts = {}
+    for d, mesh_dims in by_dim.items():
+        names = [mesh.axis_names[i] for i in mesh_dims]
+        devices = 1
+        for m in names:
+            devices *= sizes[m]
+        # nested outer splits: the mesh axes outer to inner, then the local block (kept even when it is 1,
+        # unlike layout.block, so every Shard is an outer split as before)
+        layouts[d] = (*names, Size.of(tv.logical[d].extent()).divided_by(devices))
     tv.set_device_mesh(mesh)
-    # split the highest axes first so the loop positions of the lower ones stay put
-    for d in sorted(by_dim, reverse=True):
-        pos = d
-        for i in by_dim[d]:
-            tv.outer_split(pos, mesh.shape[i])
-            tv.axis(pos).parallelize(_MESH_PARALLEL_TYPES[mesh.axis_names[i]])
-            pos += 1
+    apply_splits(tv, tv_splits(tv.short_name(), layouts, sizes), ParallelType.of_mesh_axis)
 
 
 def execute_with_dtensors(fd, in_dtensors) -> list:

@@ -2,16 +2,31 @@
 AlphaFold3 triangle multiplicative update (as upstream's test_alphafold3)
 and triangle attention, the GPT MLP and a transformer layer, each with its
 annotations (the shardings upstream's tests use) and, where tests need one,
-an unsharded torch reference."""
+an unsharded torch reference.
+
+The definitions and annotations of the triangle update, the MLP and the
+transformer layer work with either frontend: nvshard, or the real
+`nvfuser_direct` (tests/python/nvfuser_bridge/programs.py builds them
+there); they take DataType and ParallelType from the module of the
+FusionDefinition or DeviceMesh they are given (`frontend_of`)."""
 
 from __future__ import annotations
 
 import enum
+import sys
+from types import ModuleType
 
 import torch
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition, TensorView
+
+
+def frontend_of(obj) -> ModuleType:
+    """The frontend module a FusionDefinition, TensorView or DeviceMesh comes
+    from: the real nvfuser_direct when its type is defined there, else nvshard."""
+    package = type(obj).__module__.partition(".")[0]
+    return sys.modules[package] if package == "nvfuser_direct" else nvfuser
 
 
 class Direction(enum.Enum):
@@ -21,7 +36,7 @@ class Direction(enum.Enum):
 
 def layer_norm(fd: FusionDefinition, x: TensorView, w: TensorView, b: TensorView) -> TensorView:
     io_dtype = x.dtype()
-    x = fd.ops.cast(x, dtype=DataType.Float)
+    x = fd.ops.cast(x, dtype=frontend_of(fd).DataType.Float)
     var, mean = fd.ops.var_mean(x, dims=[-1], correction=0, keepdim=True)
     y = fd.ops.sub(x, mean)
     var = fd.ops.add(var, fd.define_scalar(1e-5))
@@ -43,8 +58,12 @@ def gating(fd, z, w_p, z_in, w_g) -> TensorView:
     return fd.ops.cast(z, dtype=io_dtype)
 
 
-def triangle_update(fd, direction: Direction, c_z: int, dtype=DataType.BFloat16, swap_operands: bool = False):
-    """Defines the triangle multiplicative update; returns (inputs dict, matmul_out)."""
+def triangle_update(fd, direction: Direction, c_z: int, dtype=None, swap_operands: bool = False):
+    """Defines the triangle multiplicative update (dtype: BFloat16 unless
+    given); returns (inputs dict, matmul_out)."""
+    DataType = frontend_of(fd).DataType
+    if dtype is None:
+        dtype = DataType.BFloat16
     z_in_tv = fd.define_tensor(shape=[-1, -1, -1, c_z], dtype=dtype, contiguity=True)
     w_norm_in = fd.define_tensor(shape=[c_z], dtype=dtype, contiguity=True)
     b_norm_in = fd.define_tensor(shape=[c_z], dtype=dtype, contiguity=True)
@@ -93,15 +112,16 @@ def triangle_update(fd, direction: Direction, c_z: int, dtype=DataType.BFloat16,
 def annotate_triangle(inputs: dict, mesh, dp: int, cp: int) -> None:
     """Upstream's annotation: every input on the mesh, z_in and mask split
     b->DIDz, i->DIDy, j->DIDx; the matmul output is NOT annotated."""
+    P = frontend_of(mesh).ParallelType
     for tv in inputs.values():
         tv.set_device_mesh(mesh)
     for tv in (inputs["z_in"], inputs["mask"]):
         tv.outer_split(2, cp)
-        tv.axis(2).parallelize(nvfuser.ParallelType.mesh_x)
+        tv.axis(2).parallelize(P.mesh_x)
         tv.outer_split(1, cp)
-        tv.axis(1).parallelize(nvfuser.ParallelType.mesh_y)
+        tv.axis(1).parallelize(P.mesh_y)
         tv.outer_split(0, dp)
-        tv.axis(0).parallelize(nvfuser.ParallelType.mesh_z)
+        tv.axis(0).parallelize(P.mesh_z)
 
 
 def triangle_reference(direction: Direction, z_in, w_norm_in, b_norm_in, w_p_in, w_g_in, w_norm_out, b_norm_out,
@@ -136,15 +156,17 @@ def triangle_reference(direction: Direction, z_in, w_norm_in, b_norm_in, w_p_in,
 
 def gelu_tanh(fd, x):
     """GPT's tanh-approximated gelu, as thunder emits it."""
-    x = fd.ops.cast(x, DataType.Float)
+    x = fd.ops.cast(x, frontend_of(fd).DataType.Float)
     x3 = fd.ops.mul(fd.ops.mul(x, x), x)
     inner = fd.ops.mul(fd.define_scalar(0.797885), fd.ops.add(x, fd.ops.mul(fd.define_scalar(0.044715), x3)))
     return fd.ops.mul(fd.ops.mul(fd.define_scalar(0.5), x), fd.ops.add(fd.define_scalar(1.0), fd.ops.tanh(inner)))
 
 
-def mlp(fd, t: int, h: int, dtype=DataType.Float, residual: bool = True):
+def mlp(fd, t: int, h: int, dtype=None, residual: bool = True):
     """GPT MLP: out = linear(gelu(linear(inp, up_w)), down_w) [+ inp].
-    t = -1 keeps the token count symbolic."""
+    t = -1 keeps the token count symbolic; dtype: Float unless given."""
+    if dtype is None:
+        dtype = frontend_of(fd).DataType.Float
     inp = fd.define_tensor([t, h], dtype=dtype, contiguity=True)
     up_w = fd.define_tensor([4 * h, h], dtype=dtype, contiguity=True)
     down_w = fd.define_tensor([h, 4 * h], dtype=dtype, contiguity=True)
@@ -160,15 +182,16 @@ def mlp(fd, t: int, h: int, dtype=DataType.Float, residual: bool = True):
 
 def annotate_mlp(tvs: dict, mesh, sequence_parallel: bool) -> None:
     d = mesh.size
+    P = frontend_of(mesh).ParallelType
     for tv in tvs.values():
         tv.set_device_mesh(mesh)
     if sequence_parallel:
         tvs["inp"].outer_split(0, d)
-        tvs["inp"].axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+        tvs["inp"].axis(0).parallelize(P.mesh_x)
     tvs["up_w"].outer_split(0, d)
-    tvs["up_w"].axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+    tvs["up_w"].axis(0).parallelize(P.mesh_x)
     tvs["down_w"].outer_split(1, d)
-    tvs["down_w"].axis(1).parallelize(nvfuser.ParallelType.mesh_x)
+    tvs["down_w"].axis(1).parallelize(P.mesh_x)
 
 
 def mlp_reference(inp, up_w, down_w, residual=True):
@@ -180,6 +203,7 @@ def mlp_reference(inp, up_w, down_w, residual=True):
 
 def _ln(fd, x, w, b, shape):
     """The layer norm of upstream's transformer forward (thunder's trace)."""
+    DataType = frontend_of(fd).DataType
     var, mean = fd.ops.var_mean(x, dims=[2], correction=0, keepdim=False)
     var = fd.ops.broadcast_in_dim(var, shape=shape[:2] + [1], broadcast_dims=[0, 1])
     mean_b = fd.ops.broadcast_in_dim(mean, shape=shape[:2] + [1], broadcast_dims=[0, 1])
@@ -191,16 +215,21 @@ def _ln(fd, x, w, b, shape):
     return fd.ops.cast(y, DataType.BFloat16), mean, rstd
 
 
-def _dropout(fd, x, shape, p: float):
+def _dropout(fd, x, shape, p: float, scale: float | None = None):
+    """Keeps x where uniform < 1 - p and scales by `scale` (1 / (1 - p) unless given)."""
+    DataType = frontend_of(fd).DataType
     mask = fd.ops.lt(fd.ops.uniform(0.0, 1.0, shape=shape, dtype=DataType.BFloat16), 1.0 - p)
     x = fd.ops.mul(fd.ops.cast(x, DataType.Float), fd.ops.cast(mask, DataType.Float))
-    return fd.ops.mul(x, 1.0 / (1.0 - p)), mask
+    return fd.ops.mul(x, 1.0 / (1.0 - p) if scale is None else scale), mask
 
 
-def transformer_forward(fd, b: int, s: int, h: int, e: int, dropout: float = 0.1):
+def transformer_forward(fd, b: int, s: int, h: int, e: int, dropout: float = 0.1, dropout_scale: float | None = None):
     """Upstream's test_transformer_forward definition (a GPT block: layer norm,
     QKV linear, causal SDPA with dropout, out-projection, residual, MLP).
+    dropout_scale: what kept values are multiplied by, 1 / (1 - dropout)
+    unless given (upstream's thunder trace writes the rounded 1.11111).
     Returns (inputs, named intermediates/outputs)."""
+    DataType = frontend_of(fd).DataType
     bf16 = DataType.BFloat16
     shape = [b, s, e]
     inp = fd.define_tensor(shape=[b, s, e], contiguity=True, dtype=bf16)
@@ -225,7 +254,9 @@ def transformer_forward(fd, b: int, s: int, h: int, e: int, dropout: float = 0.1
     q = fd.ops.slice(qkv_h, start_indices=[0, 0, 0, 0], end_indices=[b, s, h, e // h])
     k = fd.ops.slice(qkv_h, start_indices=[0, 0, 0, e // h], end_indices=[b, s, h, 2 * e // h])
     v = fd.ops.slice(qkv_h, start_indices=[0, 0, 0, 2 * e // h], end_indices=[b, s, h, 3 * e // h])
-    q, k, v = (fd.ops.permute(t, dims=[0, 2, 1, 3]) for t in (q, k, v))
+    k = fd.ops.permute(k, dims=[0, 2, 1, 3])  # k first, as upstream's trace numbers them
+    q = fd.ops.permute(q, dims=[0, 2, 1, 3])
+    v = fd.ops.permute(v, dims=[0, 2, 1, 3])
     sdpa_out, sdpa_lse, sdpa_seed, sdpa_offset = fd.ops.sdpfa_fwd(
         q, k, v, dropout_p=fd.define_scalar(dropout, dtype=DataType.Double),
         is_causal=fd.define_scalar(True, dtype=DataType.Bool), scale=None)
@@ -233,13 +264,13 @@ def transformer_forward(fd, b: int, s: int, h: int, e: int, dropout: float = 0.1
     attn = fd.ops.stride_order(attn, stride_order=[3, 2, 1, 0])
     attn = fd.ops.reshape(attn, new_shape=[b, s, e])
     proj = fd.ops.linear(attn, proj_w, proj_b)
-    dropped, mha_mask = _dropout(fd, proj, shape, dropout)
+    dropped, mha_mask = _dropout(fd, proj, shape, dropout, dropout_scale)
     resid = fd.ops.add(x, dropped)
     ln1, ln1_mean, ln1_rstd = _ln(fd, resid, ln1_w, ln1_b, shape)
     up = fd.ops.linear(ln1, up_w, up_b)
     g = fd.ops.cast(gelu_tanh(fd, up), bf16)
     down = fd.ops.linear(g, down_w, down_b)
-    dropped2, mlp_mask = _dropout(fd, down, shape, dropout)
+    dropped2, mlp_mask = _dropout(fd, down, shape, dropout, dropout_scale)
     out = fd.ops.cast(fd.ops.add(resid, dropped2), bf16)
     named = dict(layernorm0_mean=ln0_mean, layernorm0_rstd=ln0_rstd, mha_linear0_out=qkv, sdpa_out=sdpa_out,
                  sdpa_logsum_exp=sdpa_lse, sdpa_seed=sdpa_seed, sdpa_offset=sdpa_offset, mha_linear1_out=proj,
@@ -255,17 +286,18 @@ def transformer_forward(fd, b: int, s: int, h: int, e: int, dropout: float = 0.1
 def annotate_transformer(inputs: dict, mesh, sequence_parallel: bool) -> None:
     """Upstream's transformer_forward_multidevice_schedule."""
     d = mesh.size
+    P = frontend_of(mesh).ParallelType
     for tv in inputs.values():
         tv.set_device_mesh(mesh)
     if sequence_parallel:
         inputs["inp"].outer_split(1, d)
-        inputs["inp"].axis(1).parallelize(nvfuser.ParallelType.mesh_x)
+        inputs["inp"].axis(1).parallelize(P.mesh_x)
     for name in ("qkv_w", "qkv_b", "up_w", "up_b"):
         inputs[name].outer_split(0, d)
-        inputs[name].axis(0).parallelize(nvfuser.ParallelType.mesh_x)
+        inputs[name].axis(0).parallelize(P.mesh_x)
     for name in ("proj_w", "down_w"):
         inputs[name].outer_split(-1, d)
-        inputs[name].axis(-2).parallelize(nvfuser.ParallelType.mesh_x)
+        inputs[name].axis(-2).parallelize(P.mesh_x)
 
 
 # -- appended for the benchmarks (tools/bench_comm.py, tools/bench_propagation.py) --------

@@ -37,6 +37,13 @@ class ParallelType(enum.Enum):
     def mesh_axis(self) -> Optional[str]:
         return self.value if self.value in layout.MESH_AXES else None
 
+    @classmethod
+    def of_mesh_axis(cls, axis: str) -> "ParallelType":
+        """mesh_x, mesh_y or mesh_z for mesh axis "x", "y" or "z" (mesh_axis's inverse)."""
+        if axis not in layout.MESH_AXES:
+            raise NvShardError(f"no device parallel type for mesh axis {axis!r} (one of {', '.join(layout.MESH_AXES)})")
+        return cls(axis)
+
     def __str__(self) -> str:
         if self.mesh_axis:
             return "deviceIdx." + self.value

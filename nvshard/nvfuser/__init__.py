@@ -23,7 +23,8 @@ from .reader import ReadFusion, read_fusion, tv_number
 from .switch import disable, enable, enabled
 from .writer import apply_writes, plan_writes
 
-__all__ = ["BridgePlan", "NvShardError", "disable", "enable", "enabled", "propagate", "read_fusion", "tv_number"]
+__all__ = ["BridgePlan", "NvShardError", "disable", "enable", "enabled", "propagate", "propagate_read", "read_fusion",
+           "tv_number"]
 
 
 class BridgePlan:
@@ -72,10 +73,16 @@ def propagate(fd, input_shapes=None, propagation: Optional[str] = None, write: b
     the sharding nvshard decided. input_shapes: GLOBAL shapes of the fusion
     inputs in order (None: symbolic). Raises NvShardError naming the
     expression nvshard cannot read; the real fusion is then unchanged."""
+    fusion = fd.fusion if hasattr(fd, "fusion") else fd  # a FusionDefinition or its Fusion
+    return propagate_read(read_fusion(fusion), input_shapes, propagation, write)
+
+
+def propagate_read(read: ReadFusion, input_shapes=None, propagation: Optional[str] = None,
+                   write: bool = True) -> BridgePlan:
+    """propagate() on a fusion read_fusion() has read (the switch reads it
+    once, for the global input shapes and the plan)."""
     from ..api import propagate_shardings
 
-    fusion = fd.fusion if hasattr(fd, "fusion") else fd  # a FusionDefinition or its Fusion
-    read = read_fusion(fusion)
     plan = propagate_shardings(read.fd, input_shapes, propagation)
     writes = plan_writes(read, plan)
     if write:

@@ -29,14 +29,15 @@ def enable() -> None:
 
     def execute(self, inputs, *args, **kwargs):
         if getattr(self, "nvshard_plan", None) is None:  # once per FusionDefinition
-            from . import propagate
-
-            shapes = _global_shapes(self, inputs)
             from ..preseg.pipeline import dump_enabled
+            from . import propagate_read
+            from .reader import read_fusion
 
+            read = read_fusion(self.fusion)
+            shapes = global_shapes(read, inputs)
             if dump_enabled("pre_segmenter_logging"):
                 print("nvshard.nvfuser: nvshard's sharding propagation, before nvFuser's pre-segmenter", flush=True)
-            self.nvshard_plan = propagate(self, shapes)
+            self.nvshard_plan = propagate_read(read, shapes)
         return _original(self, inputs, *args, **kwargs)
 
     nvf.FusionDefinition.execute = execute
@@ -52,46 +53,25 @@ def disable() -> None:
     _original = None
 
 
-def _device_factors(real_tv) -> list:
-    """Per logical axis of an input, how many devices split it (1 if none)."""
-    from .reader import _SPLIT_TEXT, _parse_id, id_number, parse_mesh
+def global_shapes(read, inputs) -> list:
+    """GLOBAL shapes of the fusion inputs from this rank's local shards, by
+    the meshes and device splits the reader replayed (as nvshard's own
+    execute recovers them; None for a tensor whose mesh leaves this rank out)."""
+    from ..runtime.executor import global_input_shapes
 
-    logical = real_tv.get_logical_domain()
-    factors = [1] * len(logical)
-    devices = parse_mesh(str(real_tv))
-    if devices is None:
-        return factors
-    index = {id_number(i): k for k, i in enumerate(logical)}
-    for loop_id in real_tv.get_loop_domain():
-        _, parallel, _, _ = _parse_id(str(loop_id))
-        if not parallel.startswith("deviceIdx"):
-            continue
-        root = loop_id
-        split = root.definition()
-        while split is not None and _SPLIT_TEXT.match(str(split)):
-            root = split.input(0)
-            split = root.definition()
-        k = index.get(id_number(root))
-        if k is not None:
-            factors[k] *= int(devices.shape[{"x": -1, "y": -2, "z": -3}[parallel[-1]]])
-    return factors
-
-
-def local_shape(real_tv, global_shape) -> list:
-    return [g // f for g, f in zip(global_shape, _device_factors(real_tv))]
-
-
-def _global_shapes(fd, inputs) -> list:
-    """GLOBAL input shapes: each local shard times its device splits."""
-    import torch
-
-    shapes = []
-    for v, t in zip(fd.fusion.inputs(), inputs):
-        if isinstance(t, torch.Tensor):
-            shapes.append([n * f for n, f in zip(t.shape, _device_factors(v))])
-        else:
-            shapes.append(t)
+    shapes, _ = global_input_shapes(read.fd.fusion, list(inputs), _this_rank(read))
     return shapes
+
+
+def _this_rank(read) -> int:
+    """Real nvFuser's rank of this process. Its Communicator starts on first
+    use, so it is asked only when some input has a mesh (otherwise no
+    input's global shape depends on the rank)."""
+    if all(getattr(v, "mesh", None) is None for v in read.fd.fusion.inputs()):
+        return 0
+    from .reader import real_module
+
+    return real_module().multidevice.Communicator.instance().rank()
 
 
 if os.environ.get("NVSHARD_NVFUSER", "") not in ("", "0"):

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.nodes import NvShardError
-from ..ir.sizes import Size
+from ..ir.nodes import NvShardError, ParallelType
 from ..multidevice import layout
+from ..multidevice.splits import apply_splits, tv_splits
 from .reader import ReadFusion, real_module
-
-_REAL_PARALLEL = {"x": "mesh_x", "y": "mesh_y", "z": "mesh_z"}
 
 
 @dataclass
@@ -28,9 +26,7 @@ class TvWrite:
     number: int
     devices: list  # the mesh's device ids
     mesh_shape: tuple
-    # (kind, loop position, factor, position to parallelize, mesh axis); kind "outer" / "inner" split,
-    # or "leaf": parallelize the axis left last, unsplit
-    steps: list = field(default_factory=list)
+    steps: list = field(default_factory=list)  # multidevice.splits.Split, in order
     described: list = field(default_factory=list)  # per logical axis: "DIDx", "DIDy*DIDx", ... or ""
 
     def describe(self) -> str:
@@ -55,7 +51,7 @@ def plan_writes(read: ReadFusion, plan) -> list:
                                f"nvshard writes device splits only onto unscheduled TensorViews")
         mesh = state.mesh
         write = TvWrite(number, list(mesh.vector), tuple(mesh.shape), described=[""] * len(tv.logical))
-        # last axis first, so the loop positions of the axes before stay valid
+        layouts = {}
         for k in reversed(range(len(tv.logical))):
             digits = state.layouts[k]
             if not digits or tv.logical[k].is_broadcast():
@@ -63,58 +59,27 @@ def plan_writes(read: ReadFusion, plan) -> list:
             if k in built:
                 raise NvShardError(f"T{number} axis {k}: nvshard shards it {layout.describe(digits)}, but its loop "
                                    f"axis is {loop[k]}, built by its op, not a split of the logical axis")
-            write.steps += _axis_steps(number, k, digits, mesh.axis_sizes())
+            layouts[k] = digits
             write.described[k] = layout.describe(digits)
+        write.steps = tv_splits(f"T{number}", layouts, mesh.axis_sizes())
         writes.append(write)
     return writes
-
-
-def _axis_steps(number: int, k: int, digits, sizes: dict) -> list:
-    """Splits turning logical axis k (at loop position k) into `digits`."""
-
-    def extent(d):
-        return Size(sizes[d]) if isinstance(d, str) else Size.of(d)
-
-    steps, pos = [], k
-    for i, d in enumerate(digits[:-1]):
-        rest = digits[i + 1:]
-        if isinstance(d, str):
-            steps.append(("outer", pos, sizes[d], pos, d))
-        else:
-            product = Size(1)
-            for r in rest:
-                product = product * extent(r)
-            if product.value is not None:
-                steps.append(("inner", pos, product.value, None, None))
-            elif extent(d).value is not None:
-                steps.append(("outer", pos, extent(d).value, None, None))
-            else:
-                raise NvShardError(
-                    f"T{number} axis {k}: layout {layout.describe(digits)} needs a split by a symbolic extent; "
-                    f"pass global input shapes"
-                )
-        pos += 1
-    if isinstance(digits[-1], str):
-        steps.append(("leaf", pos, None, pos, digits[-1]))
-    return steps
 
 
 def apply_writes(read: ReadFusion, writes: list) -> None:
     import torch
 
     nvf = real_module()
+
+    def real_parallel_type(mesh_axis: str):
+        return getattr(nvf.ParallelType, ParallelType.of_mesh_axis(mesh_axis).name)  # mesh_x, ...
+
     # not a context manager: the guard is active while the object lives
     guard = nvf.FusionGuard(read.real_fusion)
     try:
         for w in writes:
             real_tv = read.pairs[w.number][0]
             real_tv.set_device_mesh(nvf.multidevice.DeviceMesh(torch.tensor(w.devices).reshape(w.mesh_shape)))
-            for kind, pos, factor, par_pos, mesh_axis in w.steps:
-                if kind == "outer":
-                    real_tv.outer_split(pos, factor)
-                elif kind == "inner":
-                    real_tv.inner_split(pos, factor)
-                if mesh_axis is not None:
-                    real_tv.axis(par_pos).parallelize(getattr(nvf.ParallelType, _REAL_PARALLEL[mesh_axis]))
+            apply_splits(real_tv, w.steps, real_parallel_type)
     finally:
         del guard

@@ -157,7 +157,7 @@ class Program:
                 continue
             for digit in digits:
                 if isinstance(digit, str):
-                    extent, ptype = Size(state.mesh.axis_size(digit)), _PARALLEL[digit]
+                    extent, ptype = Size(state.mesh.axis_size(digit)), ParallelType.of_mesh_axis(digit)
                 else:
                     extent, ptype = digit, ParallelType.Serial
                 ids.append(f"{id_.iter_type.value}{ptype}{self._next_id()}{{{extent}}}")
@@ -189,9 +189,6 @@ def _concrete(tv: TensorView, k: int, digits, sizes):
     except (NvShardError, ValueError, KeyError):
         extent = sizes.evaluate_size(tv.logical[k].extent())
         raise indivisible(tv, k, digits, extent, tv.mesh) from None
-
-
-_PARALLEL = {"x": ParallelType.mesh_x, "y": ParallelType.mesh_y, "z": ParallelType.mesh_z}
 
 
 def _plain(id_: IterDomain) -> str:

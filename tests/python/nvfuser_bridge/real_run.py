@@ -97,12 +97,16 @@ def communications(section: str) -> list:
 
 
 def local_inputs(fd, shapes):
-    """Meta tensors with each input's LOCAL shape (global / its device splits)."""
-    from nvshard.nvfuser.switch import local_shape
+    """Meta tensors with each input's LOCAL shape on rank 0 (global / its device
+    splits, as nvshard reads them)."""
+    from nvshard.nvfuser import read_fusion
+    from nvshard.runtime.executor import shard_divisors
 
+    divisors = shard_divisors(read_fusion(fd.fusion).fd.fusion, 0)
     tensors = []
-    for v, shape in zip(fd.fusion.inputs(), shapes):
-        tensors.append(torch.empty(local_shape(v, shape), dtype=TORCH_DTYPES[str(v.dtype())], device="meta"))
+    for v, shape, divisor in zip(fd.fusion.inputs(), shapes, divisors):
+        local = [extent // d for extent, d in zip(shape, divisor)]
+        tensors.append(torch.empty(local, dtype=TORCH_DTYPES[str(v.dtype())], device="meta"))
     return tensors
 
 
@@ -136,6 +140,7 @@ def run(name: str, mode: str, propagation=None) -> dict:
         summary["written"] = {w.number: tv_tokens(str(plan.read.pairs[w.number][0]))[w.number]
                               for w in plan.writes} if plan else {}
         summary["nvshard_communications"] = [[c.kind, c.mesh_axis] for c in plan.communications] if plan else []
+        summary["nvshard_bytes"] = plan.bytes_per_device if plan else None  # global shapes read from the shards
         # real nvFuser's sections follow nvshard's: keep those after nvshard's log
         text = text[text.find("Fusion before PreSegmenter:", max(summary["nvshard_log_at"], 0)):]
     secs = sections(text)

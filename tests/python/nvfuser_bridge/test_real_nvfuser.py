@@ -235,6 +235,8 @@ def test_switch_in_fd_execute(program):
     assert 0 <= s["nvshard_header_at"] < s["nvshard_log_at"] < s["real_first_pass_at"]
     assert finished_presegmenter(s), s["error"]
     assert sorted(map(tuple, s["real_communications"])) == sorted(map(tuple, s["nvshard_communications"]))
+    # the global shapes the switch recovers from the local shards are the ones the bridge test gives
+    assert s["nvshard_bytes"] == run_real(program, "bridge")["nvshard_bytes"] > 0
 
 
 # -- what is written, and what is not ---------------------------------------------------------------------------
