@@ -109,6 +109,12 @@ def triangle_update(fd, direction: Direction, c_z: int, dtype=None, swap_operand
     return inputs, matmul_out
 
 
+def triangle_shapes(b: int, n: int, c_z: int) -> list:
+    """triangle_update's input shapes, in its input order, for b batches of n x n tokens."""
+    return [[b, n, n, c_z], [c_z], [c_z], [2 * c_z, c_z], [2 * c_z, c_z], [c_z], [c_z], [c_z, c_z], [c_z, c_z],
+            [b, n, n]]
+
+
 def annotate_triangle(inputs: dict, mesh, dp: int, cp: int) -> None:
     """Upstream's annotation: every input on the mesh, z_in and mask split
     b->DIDz, i->DIDy, j->DIDx; the matmul output is NOT annotated."""
@@ -362,6 +368,17 @@ def annotate_triangle_matmul(matmul_out, mesh, dp: int, cp: int, direction: Dire
         matmul_out.axis(axis).parallelize(P.mesh_x if axis == j_axis else P.mesh_y)
     matmul_out.outer_split(0, dp)
     matmul_out.axis(0).parallelize(P.mesh_z)
+
+
+def split_input(fd, shape, mesh, axis) -> TensorView:
+    """A float input of `shape` on `mesh`, axis `axis` split over mesh_x
+    (None: replicated); the plan-quality programs (tests and tools/bench_comm.py)."""
+    tv = fd.define_tensor(shape, dtype=DataType.Float)
+    tv.set_device_mesh(mesh)
+    if axis is not None:
+        tv.outer_split(axis, mesh.size)
+        tv.axis(axis).parallelize(nvfuser.ParallelType.mesh_x)
+    return tv
 
 
 def _split(tv, axis: int, factor: int, ptype) -> None:

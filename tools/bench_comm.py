@@ -131,7 +131,7 @@ def _triangle_case(direction: Direction, swap: bool, mesh_shape):
             models.annotate_triangle(inputs, mesh, dp, cp)
             if designed:
                 models.annotate_triangle_matmul(mm, mesh, dp, cp, direction, swap)
-        shapes = [[b, n, n, c], [c], [c], [2 * c, c], [2 * c, c], [c], [c], [c, c], [c, c], [b, n, n]]
+        shapes = models.triangle_shapes(b, n, c)
 
         def data():
             g = torch.Generator().manual_seed(0)
@@ -221,15 +221,6 @@ def _transformer_case(sp: bool, mesh_shape):
                 True, ("transformer", sp))
 
 
-def _split_input(fd, shape, mesh, axis):
-    tv = fd.define_tensor(shape, dtype=DataType.Float)
-    tv.set_device_mesh(mesh)
-    if axis is not None:
-        tv.outer_split(axis, mesh.size)
-        tv.axis(axis).parallelize(nvfuser.ParallelType.mesh_x)
-    return tv
-
-
 def _quality_cases() -> list:
     """Plan-quality regressions (tests/python/test_plan_quality.py), f32 on 4 devices."""
 
@@ -246,23 +237,23 @@ def _quality_cases() -> list:
         return Case(program, variant, (4,), build, False)
 
     def weight_gradient(fd, mesh):  # dW = dy^T @ x, both split on the contracted tokens
-        dy, x = (_split_input(fd, [256, 1024], mesh, 0) for _ in range(2))
+        dy, x = (models.split_input(fd, [256, 1024], mesh, 0) for _ in range(2))
         fd.add_output(fd.ops.matmul(fd.ops.permute(dy, [1, 0]), x))
 
     def replicated_sum(fd, mesh):  # row-sharded a + b into a replicated annotated output
-        a, b = (_split_input(fd, [1024, 512], mesh, 0) for _ in range(2))
+        a, b = (models.split_input(fd, [1024, 512], mesh, 0) for _ in range(2))
         c = fd.ops.add(a, b)
         c.set_device_mesh(mesh)
         fd.add_output(c)
 
     def three_projections(fd, mesh):  # column-parallel q, k, v of one sequence-parallel x
-        x = _split_input(fd, [2048, 512], mesh, 0)
+        x = models.split_input(fd, [2048, 512], mesh, 0)
         for _ in range(3):
-            fd.add_output(fd.ops.linear(x, _split_input(fd, [1024, 512], mesh, 0)))
+            fd.add_output(fd.ops.linear(x, models.split_input(fd, [1024, 512], mesh, 0)))
 
     def mlp_backward(fd, mesh):  # two linears forward and backward, tokens split (SP)
-        x, w1, w2, dout = (_split_input(fd, [1024, 512], mesh, 0), _split_input(fd, [2048, 512], mesh, 0),
-                           _split_input(fd, [512, 2048], mesh, 1), _split_input(fd, [1024, 512], mesh, 0))
+        x, w1, w2, dout = (models.split_input(fd, [1024, 512], mesh, 0), models.split_input(fd, [2048, 512], mesh, 0),
+                           models.split_input(fd, [512, 2048], mesh, 1), models.split_input(fd, [1024, 512], mesh, 0))
         h1 = fd.ops.linear(x, w1)
         dh1 = fd.ops.matmul(dout, w2)
         dw1, dw2 = fd.ops.matmul(fd.ops.permute(dh1, [1, 0]), x), fd.ops.matmul(fd.ops.permute(dout, [1, 0]), h1)
@@ -275,7 +266,7 @@ def _quality_cases() -> list:
 
     def stage_cut(fd, mesh):  # stage 1 on {0, 1}; the user sets its tail's result onto {2, 3}
         stage1, stage2 = make_mesh((2,)), nvfuser.multidevice.DeviceMesh(torch.tensor([2, 3]))
-        h = fd.ops.relu(_split_input(fd, [2048, 512], stage1, 0))
+        h = fd.ops.relu(models.split_input(fd, [2048, 512], stage1, 0))
         boundary = fd.ops.set(fd.ops.add(fd.ops.mul(h, h), h))
         boundary.set_device_mesh(stage2)
         boundary.outer_split(0, 2)
@@ -284,10 +275,10 @@ def _quality_cases() -> list:
 
     def mlp_blocks(layers, t, h):
         def define(fd, mesh):
-            x = _split_input(fd, [t, h], mesh, 0)
+            x = models.split_input(fd, [t, h], mesh, 0)
             for _ in range(layers):
-                up = fd.ops.linear(x, _split_input(fd, [4 * h, h], mesh, 0))
-                x = fd.ops.add(fd.ops.linear(models.gelu_tanh(fd, up), _split_input(fd, [h, 4 * h], mesh, 1)), x)
+                up = fd.ops.linear(x, models.split_input(fd, [4 * h, h], mesh, 0))
+                x = fd.ops.add(fd.ops.linear(models.gelu_tanh(fd, up), models.split_input(fd, [h, 4 * h], mesh, 1)), x)
             fd.add_output(x)
         return define
 

@@ -72,7 +72,7 @@ def triangle_single():
     with FusionDefinition() as fd:
         inputs, _ = models.triangle_update(fd, Direction.OUTGOING, c, DataType.Float)
         models.annotate_triangle(inputs, mesh_of((1, 2, 2)), 1, 2)
-    shapes = [[b, n, n, c], [c], [c], [2 * c, c], [2 * c, c], [c], [c], [c, c], [c, c], [b, n, n]]
+    shapes = models.triangle_shapes(b, n, c)
     return fd, shapes
 
 

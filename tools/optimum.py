@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         inputs, _ = models.triangle_update(fd, direction, c, DataType.Float)
         mesh = nvshard.multidevice.DeviceMesh(torch.arange(math.prod(mesh_shape)).reshape(mesh_shape))
         models.annotate_triangle(inputs, mesh, mesh_shape[0], mesh_shape[1])
-    shapes = [[b, n, n, c], [c], [c], [2 * c, c], [2 * c, c], [c], [c], [c, c], [c, c], [b, n, n]]
+    shapes = models.triangle_shapes(b, n, c)
     default = nvshard.propagate_shardings(fd, shapes)
     fixed = {o: default.propagated[o] for o in fd.fusion.outputs()}
     result = optimum(fd, shapes, fixed=fixed, nested=sum(s > 1 for s in mesh_shape) <= 2)

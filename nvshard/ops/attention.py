@@ -196,7 +196,7 @@ class SdpaFwdOp(OpSpec):
         full = batch + [L, S]
         for t in expr.tv_inputs[3:]:
             ids = common.logical_shape(t)
-            rule.operands.append([() if id_.is_broadcast() else (f,) for id_, f in zip(ids, full)])
+            rule.operands.append([(f,) for f in full[:len(ids)]])
         seed_axis = rule.add_factor("seed", 2, FactorKind.REPLICATED)
         rule.results = [
             [(f,) for f in batch] + [(L,), (Ev,)],

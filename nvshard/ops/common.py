@@ -125,44 +125,27 @@ def broadcast_output_ids(fusion, operands: Sequence[TensorView], op: str) -> lis
 
 
 def pointwise_rule(expr) -> ShardingRule:
-    """Every result axis is a factor; operand axes map to it right-aligned,
-    except plain broadcast axes (size 1), which map to none."""
+    """Every result axis is a factor; operand axes map to it right-aligned
+    (Expr.rule drops the factors of broadcast axes)."""
     rule = ShardingRule()
     out = expr.tv_outputs[0]
     out_ids = logical_shape(out)
     rank = len(out_ids)
     letters = "abcdefghijklmnopqrstuvw"
-    factor_of = []
-    for j, id_ in enumerate(out_ids):
-        if id_.is_broadcast() and id_.expanded is None:
-            factor_of.append(None)
-        else:
-            extent = id_.expanded if id_.expanded is not None else id_.extent()
-            factor_of.append(rule.add_factor(letters[j % len(letters)], extent))
+    factor_of = [rule.add_factor(letters[j % len(letters)], id_.extent()) for j, id_ in enumerate(out_ids)]
     for t in expr.tv_inputs:
         ids = logical_shape(t)
-        axes = []
-        for k, id_ in enumerate(ids):
-            f = factor_of[k + rank - len(ids)]
-            plain_broadcast = id_.is_broadcast() and id_.expanded is None
-            axes.append(() if f is None or plain_broadcast else (f,))
-        rule.operands.append(axes)
+        rule.operands.append([(factor_of[k + rank - len(ids)],) for k in range(len(ids))])
     for o in expr.tv_outputs:
-        rule.results.append([() if f is None else (f,) for f in factor_of])
+        rule.results.append([(f,) for f in factor_of])
     return rule
 
 
 def identity_rule(expr) -> ShardingRule:
-    """One operand, one result, same axes (reductions kept as they are)."""
+    """One operand, one result, same axes (reductions kept as they are;
+    Expr.rule drops the factors of broadcast axes)."""
     rule = ShardingRule()
-    inp = expr.tv_inputs[0]
-    factors = []
-    for id_ in logical_shape(inp):
-        if id_.is_broadcast() and id_.expanded is None:
-            factors.append(())
-        else:
-            extent = id_.expanded if id_.expanded is not None else id_.extent()
-            factors.append((rule.add_factor(f"f{len(rule.factors)}", extent),))
+    factors = [(rule.add_factor(f"f{k}", id_.extent()),) for k, id_ in enumerate(logical_shape(expr.tv_inputs[0]))]
     rule.operands.append(factors)
     rule.results.append(list(factors))
     return rule

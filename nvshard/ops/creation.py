@@ -16,8 +16,7 @@ from .shape import _size_of
 def _result_only_rule(expr) -> ShardingRule:
     rule = ShardingRule()
     ids = common.logical_shape(expr.outputs[0])
-    rule.results.append([() if id_.is_broadcast() else (rule.add_factor(f"u{i}", id_.extent()),)
-                         for i, id_ in enumerate(ids)])
+    rule.results.append([(rule.add_factor(f"u{i}", id_.extent()),) for i, id_ in enumerate(ids)])
     return rule
 
 

@@ -46,9 +46,7 @@ class EmbeddingFwdOp(OpSpec):
     def rule(self, expr):
         rule = ShardingRule()
         indices, weight = expr.inputs[:2]
-        axes = []
-        for k, id_ in enumerate(common.logical_shape(indices)):
-            axes.append(() if id_.is_broadcast() else (rule.add_factor(f"a{k}", id_.extent()),))
+        axes = [(rule.add_factor(f"a{k}", id_.extent()),) for k, id_ in enumerate(common.logical_shape(indices))]
         rows, dim = common.logical_shape(weight)
         r = rule.add_factor("v", rows.extent(), FactorKind.REPLICATED)
         e = rule.add_factor("e", dim.extent())

@@ -51,9 +51,7 @@ class ExpandOp(OpSpec):
 
     def rule(self, expr):
         rule = ShardingRule()
-        axes = []
-        for k, id_ in enumerate(common.logical_shape(expr.inputs[0])):
-            axes.append(() if id_.is_broadcast() else (rule.add_factor(f"a{k}", id_.extent()),))
+        axes = [(rule.add_factor(f"a{k}", id_.extent()),) for k, id_ in enumerate(common.logical_shape(expr.inputs[0]))]
         rule.operands.append(axes)
         rule.results.append(list(axes))
         return rule

@@ -54,7 +54,7 @@ class SelectOp(OpSpec):
             if k == dim:
                 operand.append((rule.add_factor(f"s{k}", id_.extent(), FactorKind.REPLICATED),))
                 continue
-            f = rule.add_factor(f"a{k}", id_.expanded or id_.extent())
+            f = rule.add_factor(f"a{k}", id_.extent())
             operand.append((f,))
             result.append((f,))
         rule.operands.append(operand)
@@ -107,7 +107,7 @@ class IndexSelectOp(OpSpec):
                 index.append((f,))
                 result.append((f,))
                 continue
-            f = rule.add_factor(f"a{k}", id_.expanded or id_.extent())
+            f = rule.add_factor(f"a{k}", id_.extent())
             operand.append((f,))
             index.append(())
             result.append((f,))
@@ -232,13 +232,12 @@ class ScatterOp(OpSpec):
                 result.append((f,))
                 continue
             # written anywhere along the axis: every tensor keeps it whole
-            shared = () if a.is_broadcast() else (rule.add_factor(f"s{k}", a.extent(), FactorKind.REPLICATED),)
+            shared = (rule.add_factor(f"s{k}", a.extent(), FactorKind.REPLICATED),)
             operand.append(shared)
             result.append(shared)
-            idx.append(() if i.is_broadcast() else (rule.add_factor(f"n{k}", i.extent(), FactorKind.REPLICATED),))
+            idx.append((rule.add_factor(f"n{k}", i.extent(), FactorKind.REPLICATED),))
             if s is not None:
-                source.append(() if s.is_broadcast() else
-                              (rule.add_factor(f"u{k}", s.extent(), FactorKind.REPLICATED),))
+                source.append((rule.add_factor(f"u{k}", s.extent(), FactorKind.REPLICATED),))
         rule.operands += [operand, idx] + ([source] if src_ids is not None else [])
         rule.results.append(result)
         return rule

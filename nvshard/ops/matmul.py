@@ -25,12 +25,6 @@ def _unify_k(a_id, b_id, op, a, b):
         ) from None
 
 
-def _factor_or_none(rule, name, id_, kind=FactorKind.PASS):
-    if id_.is_broadcast() and id_.expanded is None:
-        return None
-    return rule.add_factor(name, id_.expanded if id_.is_broadcast() else id_.extent(), kind)
-
-
 def _axes(fs):
     return [() if f is None else (f,) for f in fs]
 
@@ -94,8 +88,8 @@ class LinearOp(OpSpec):
         rule = ShardingRule()
         a, w = expr.inputs[0], expr.inputs[1]
         a_ids, w_ids = common.logical_shape(a), common.logical_shape(w)
-        batch = [_factor_or_none(rule, f"b{i}", id_) for i, id_ in enumerate(a_ids[:-1])]
-        w_batch = [_factor_or_none(rule, f"w{i}", id_) for i, id_ in enumerate(w_ids[:-2])]
+        batch = [rule.add_factor(f"b{i}", id_.extent()) for i, id_ in enumerate(a_ids[:-1])]
+        w_batch = [rule.add_factor(f"w{i}", id_.extent()) for i, id_ in enumerate(w_ids[:-2])]
         k = rule.add_factor("k", a_ids[-1].extent(), FactorKind.SUM)
         n = rule.add_factor("n", w_ids[-2].extent()) if len(w_ids) >= 2 else None
         rule.operands.append(_axes(batch) + [(k,)])
@@ -107,7 +101,7 @@ class LinearOp(OpSpec):
                 rule.operands.append([() for _ in b_ids])
             else:
                 targets = (w_batch + [n])[len(w_batch) + 1 - len(b_ids):]
-                rule.operands.append([() if id_.is_broadcast() else _axes([f])[0] for id_, f in zip(b_ids, targets)])
+                rule.operands.append(_axes(targets))
         rule.results.append(result)
         return rule
 
@@ -217,17 +211,13 @@ class MatmulOp(OpSpec):
         a_ids, b_ids = common.logical_shape(a), common.logical_shape(b)
         out_ids = common.logical_shape(out)
         rank = len(out_ids) - (len(a_ids) >= 2) - (len(b_ids) >= 2)
-        batch = [_factor_or_none(rule, f"b{j}", out_ids[j]) for j in range(rank)]
+        batch = [rule.add_factor(f"b{j}", out_ids[j].extent()) for j in range(rank)]
         k = rule.add_factor("k", a_ids[-1].extent(), FactorKind.SUM)
         m = rule.add_factor("m", a_ids[-2].extent()) if len(a_ids) >= 2 else None
         n = rule.add_factor("n", b_ids[-1].extent()) if len(b_ids) >= 2 else None
 
         def batch_axes(ids):
-            axes = []
-            for i, id_ in enumerate(ids):
-                f = batch[i + rank - len(ids)]
-                axes.append(() if f is None or (id_.is_broadcast() and id_.expanded is None) else (f,))
-            return axes
+            return _axes(batch[rank - len(ids):])
 
         if len(a_ids) >= 2:
             rule.operands.append(batch_axes(a_ids[:-2]) + [(m,), (k,)])

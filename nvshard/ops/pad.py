@@ -59,7 +59,7 @@ class PadOp(OpSpec):
         operand, result = [], []
         for k, (lo, hi) in enumerate(expr.attrs["widths"]):
             if not (lo or hi):
-                f = rule.add_factor(f"a{k}", in_ids[k].expanded or in_ids[k].extent())
+                f = rule.add_factor(f"a{k}", in_ids[k].extent())
                 operand.append((f,))
                 result.append((f,))
             else:

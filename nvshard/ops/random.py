@@ -36,8 +36,7 @@ class UniformOp(OpSpec):
     def rule(self, expr):
         rule = ShardingRule()
         ids = common.logical_shape(expr.outputs[0])
-        rule.results.append([() if id_.is_broadcast() else (rule.add_factor(f"u{i}", id_.extent()),)
-                             for i, id_ in enumerate(ids)])
+        rule.results.append([(rule.add_factor(f"u{i}", id_.extent()),) for i, id_ in enumerate(ids)])
         return rule
 
     def evaluate(self, expr, args, ctx):

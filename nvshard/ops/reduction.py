@@ -49,11 +49,12 @@ def _rule(expr, reduced_kind: FactorKind) -> ShardingRule:
     axes = expr.attrs["axes"]
     operand, result = [], []
     for k, id_ in enumerate(in_ids):
-        if id_.is_broadcast() and id_.expanded is None:
+        if k in axes and id_.is_broadcast() and id_.expanded is None:
+            # reduced, the size-1 broadcast becomes a reduction axis, which Expr.rule's guard keeps: no pending sum
             operand.append(())
             result.append(())
             continue
-        extent = id_.expanded if id_.is_broadcast() else id_.extent()
+        extent = id_.expanded if id_.expanded is not None else id_.extent()  # reduced, the result keeps it
         kind = reduced_kind if k in axes else FactorKind.PASS
         f = rule.add_factor(("k" if k in axes else "a") + str(k), extent, kind)
         operand.append((f,))

@@ -43,8 +43,8 @@ def _shape_operands(entries) -> list:
 
 
 class BroadcastOp(OpSpec):
-    """broadcast and broadcast_in_dim: input axes keep their factors, new axes
-    of extent 1 have none, expanded axes are result-only factors."""
+    """broadcast and broadcast_in_dim: input axes keep their factors, new
+    axes (broadcasts, expanded or not) have none."""
 
     def __init__(self, name):
         super().__init__(name)
@@ -114,19 +114,14 @@ class BroadcastOp(OpSpec):
 
     def rule(self, expr):
         rule = ShardingRule()
-        arg, out = expr.inputs[0], expr.outputs[0]
-        in_ids, out_ids = common.logical_shape(arg), common.logical_shape(out)
+        in_ids = common.logical_shape(expr.inputs[0])
         operand = [()] * len(in_ids)
         result = []
         for j, i in enumerate(expr.attrs["mapping"]):
-            oid = out_ids[j]
-            if i is not None and not (in_ids[i].is_broadcast() and in_ids[i].expanded is None):
-                extent = in_ids[i].expanded if in_ids[i].is_broadcast() else in_ids[i].extent()
-                f = rule.add_factor(f"a{j}", extent)
+            if i is not None:
+                f = rule.add_factor(f"a{j}", in_ids[i].extent())
                 operand[i] = (f,)
                 result.append((f,))
-            elif oid.expanded is not None:
-                result.append((rule.add_factor(f"e{j}", oid.expanded),))
             else:
                 result.append(())
         rule.operands.append(operand)
@@ -203,11 +198,7 @@ class SqueezeOp(OpSpec):
         operand = [()] * len(in_ids)
         result = []
         for i in expr.attrs["kept"]:
-            id_ = in_ids[i]
-            if id_.is_broadcast() and id_.expanded is None:
-                result.append(())
-                continue
-            f = rule.add_factor(f"a{i}", id_.expanded if id_.is_broadcast() else id_.extent())
+            f = rule.add_factor(f"a{i}", in_ids[i].extent())
             operand[i] = (f,)
             result.append((f,))
         rule.operands.append(operand)
@@ -246,12 +237,7 @@ class PermuteOp(OpSpec):
     def rule(self, expr):
         rule = ShardingRule()
         in_ids = common.logical_shape(expr.inputs[0])
-        operand = []
-        for i, id_ in enumerate(in_ids):
-            if id_.is_broadcast() and id_.expanded is None:
-                operand.append(())
-            else:
-                operand.append((rule.add_factor(f"a{i}", id_.expanded or id_.extent()),))
+        operand = [(rule.add_factor(f"a{i}", id_.extent()),) for i, id_ in enumerate(in_ids)]
         rule.operands.append(operand)
         rule.results.append([operand[d] for d in expr.attrs["dims"]])
         return rule
@@ -578,14 +564,8 @@ class SliceOp(OpSpec):
                 continue
             # A real slice needs the whole axis; the result axis is computed whole
             # and each device keeps its block.
-            plain = in_ids[k].is_broadcast() and in_ids[k].expanded is None
-            operand.append(() if plain else (rule.add_factor(f"s{k}", in_ids[k].expanded or in_ids[k].extent(),
-                                                            FactorKind.REPLICATED),))
-            out = out_ids[k]
-            if out.is_broadcast() and out.expanded is None:
-                result.append(())
-            else:
-                result.append((rule.add_factor(f"o{k}", out.expanded or out.extent()),))
+            operand.append((rule.add_factor(f"s{k}", in_ids[k].extent(), FactorKind.REPLICATED),))
+            result.append((rule.add_factor(f"o{k}", out_ids[k].extent()),))
         rule.operands.append(operand)
         rule.results.append(result)
         return rule

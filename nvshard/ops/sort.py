@@ -22,7 +22,7 @@ def _along_axis_rule(expr, k_axis_has_factor: bool) -> ShardingRule:
             operand.append((rule.add_factor(f"s{k}", id_.extent(), FactorKind.REPLICATED),))
             result.append(operand[-1] if k_axis_has_factor else ())
         else:
-            f = rule.add_factor(f"a{k}", id_.expanded or id_.extent())
+            f = rule.add_factor(f"a{k}", id_.extent())
             operand.append((f,))
             result.append((f,))
     rule.operands.append(operand)

@@ -2,10 +2,13 @@
 
 Printed in the PropagateShardingsPass section of
 NVFUSER_DUMP=pre_segmenter_logging; `Plan.explain(tv)` returns the lines
-about one tensor.
+about one tensor, `Plan.decisions(tv)` / `Plan.conflicts(tv)` the records
+behind them (what plan.to_dot() reads).
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from ..multidevice import layout
 
@@ -15,12 +18,12 @@ class DecisionLog:
     decisions and usually nobody prints them."""
 
     def __init__(self):
-        self.entries: list[tuple] = []  # (tensor, text or a _Decided record)
+        self.entries: list[tuple] = []  # (tensor, text, a LoggedDecision or a LoggedConflict)
         self._notes: set = set()
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
         """`source` is formatted with str() when the log is read."""
-        self.entries.append((tv, _Decided((tv, axis, digits, source, priority, stage, reason))))
+        self.entries.append((tv, LoggedDecision(tv, axis, digits, source, priority, stage, reason)))
 
     def note(self, tv, text: str) -> None:
         if (tv, text) not in self._notes:
@@ -28,6 +31,7 @@ class DecisionLog:
             self.entries.append((tv, text))
 
     def conflict(self, tv, scored: list, winner: list, reason: str) -> None:
+        # Formatted now: the candidates' choices may still be merged (and change) after this.
         lines = [f"conflict at {tv.short_name()} ({len(scored)} candidates):"]
         for i, (cand, cost) in enumerate(scored):
             mark = "->" if cand is winner else "  "
@@ -38,27 +42,53 @@ class DecisionLog:
             )
             lines.append(f"  {mark} candidate {chr(65 + i)} {{{parts}}} costs {cost.describe()}")
         lines.append(f"  winner: candidate A because {reason}")
-        self.entries.append((tv, "\n".join(lines)))
+        self.entries.append((tv, LoggedConflict(tv, len(scored), reason, "\n".join(lines))))
 
     def explain(self, tv) -> list[str]:
         return [_text(entry) for t, entry in self.entries if t is tv]
+
+    def decisions(self, tv) -> list[LoggedDecision]:
+        """The decisions about tv's axes, in the order they were made."""
+        return [entry for t, entry in self.entries if t is tv and isinstance(entry, LoggedDecision)]
+
+    def conflicts(self, tv) -> list[LoggedConflict]:
+        """The conflicts resolved at tv, in order."""
+        return [entry for t, entry in self.entries if t is tv and isinstance(entry, LoggedConflict)]
 
     def text(self) -> str:
         return "\n".join(_text(entry) for _, entry in self.entries)
 
 
-class _Decided(tuple):
+class LoggedDecision(NamedTuple):
     """One decision, formatted when read. (A plain record, not a closure over
     the log: a closure and its cells are eight objects per decision for the
     collector to walk, and holding the log would make it a cycle.)"""
 
-    __slots__ = ()
+    tv: Any
+    axis: int  # logical axis of tv
+    digits: tuple  # the layout decided; () is replicated
+    source: Any  # what the sharding came from; str() says it
+    priority: Any  # an int, or "-" for the block-layout search (which has none)
+    stage: str
+    reason: str  # why, when the decision won a conflict; "" otherwise
 
     def text(self) -> str:
-        tv, axis, digits, source, priority, stage, reason = self
-        what = layout.describe(digits) if digits else "replicated"
-        line = f"{_axis_name(tv, axis)} <- {what}: {source}; priority {priority}; stage {stage}"
-        return line + (f"; chosen in a conflict ({reason})" if reason else "")
+        what = layout.describe(self.digits) if self.digits else "replicated"
+        line = (f"{_axis_name(self.tv, self.axis)} <- {what}: {self.source}; priority {self.priority}; "
+                f"stage {self.stage}")
+        return line + (f"; chosen in a conflict ({self.reason})" if self.reason else "")
+
+
+class LoggedConflict(NamedTuple):
+    """A conflict resolved at one tensor: how many candidates, why the winner won."""
+
+    tv: Any
+    candidates: int
+    reason: str
+    formatted: str  # every candidate with its cost, as the log prints it
+
+    def text(self) -> str:
+        return self.formatted
 
 
 def _axis_name(tv, axis: int) -> str:
@@ -68,4 +98,4 @@ def _axis_name(tv, axis: int) -> str:
 
 
 def _text(entry) -> str:
-    return entry.text() if isinstance(entry, _Decided) else entry
+    return entry if isinstance(entry, str) else entry.text()

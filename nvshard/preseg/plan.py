@@ -4,6 +4,8 @@
     plan.mesh_axes(tv)       per non-reduction axis, the mesh axes sharding it
     plan.partial_axes(tv)    mesh axes holding pending (partial) sums
     plan.explain(tv)         the decision-log lines about tv
+    plan.decisions(tv)       the decisions behind them (axis, layout, source, priority, stage)
+    plan.conflicts(tv)       the conflicts resolved at tv (candidates, winning reason)
     plan.communications      the collectives, with bytes per device
     plan.bytes_per_device    the most any device receives
 """
@@ -107,6 +109,12 @@ class Plan:
 
     def explain(self, tv: TensorView) -> list:
         return self.log.explain(tv) if self.log else []
+
+    def decisions(self, tv: TensorView) -> list:
+        return self.log.decisions(tv) if self.log else []
+
+    def conflicts(self, tv: TensorView) -> list:
+        return self.log.conflicts(tv) if self.log else []
 
     @property
     def bytes_per_device(self) -> Optional[float]:

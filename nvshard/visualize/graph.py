@@ -12,15 +12,14 @@ tensor's data and are coloured by the mesh axes it is sharded over
 with a thick gold border and their priority; tensors where propagation
 resolved a conflict with a red border and the winning reason.
 
-Everything is read through the plan's inspection API (program, explain,
-communications), never the engine's internals.
+Everything is read through the plan's inspection API (program, decisions,
+conflicts, communications), never the engine's internals.
 """
 
 from __future__ import annotations
 
 import html
 import os
-import re
 from typing import Optional
 
 from ..ir.nodes import NvShardError, TensorView
@@ -84,27 +83,19 @@ class _PlanView:
         return [self.extent(tv, k) for k in tv.non_reduction_axes()]
 
     def axis_priorities(self, tv: TensorView) -> dict:
-        """Logical axis -> priority of the decision that set it (decision log)."""
-        out = {}
-        pattern = re.compile(rf"^{re.escape(tv.short_name())} (?:axis|pending sum on reduction axis) (\d+) <- "
-                             r".*?; priority (\d+);")
-        for line in self.plan.explain(tv):
-            m = pattern.match(line)
-            if m:
-                out[int(m.group(1))] = int(m.group(2))
-        return out
+        """Logical axis -> priority of the last decision that set it (the
+        block-layout search's decisions carry none and leave it as it was)."""
+        return {d.axis: d.priority for d in self.plan.decisions(tv) if isinstance(d.priority, int)}
 
     def conflict(self, tv: TensorView) -> Optional[str]:
         """'N candidates, winner: why' when propagation resolved a conflict here."""
-        for entry in self.plan.explain(tv):
-            if entry.startswith(f"conflict at {tv.short_name()} "):
-                lines = entry.splitlines()
-                count = re.search(r"\((\d+) candidates\)", lines[0])
-                winner = next((ln.strip() for ln in lines if ln.strip().startswith("winner:")), "")
-                # keep the reason's head: the full comparison is in plan.explain(tv)
-                reason = winner.split(" (", 1)[0]
-                return f"conflict, {count.group(1) if count else '?'} candidates; {reason}"
-        return None
+        conflicts = self.plan.conflicts(tv)
+        if not conflicts:
+            return None
+        first = conflicts[0]
+        # keep the reason's head: the full comparison is in plan.explain(tv)
+        reason = first.reason.splitlines()[0].split(" (", 1)[0] if first.reason else ""
+        return f"conflict, {first.candidates} candidates; winner: candidate A because {reason}"
 
     def annotated(self, tv: TensorView) -> bool:
         return tv in self.fusion_tvs and tv.mesh is not None

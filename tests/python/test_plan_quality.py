@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import nvshard as nvfuser
-from nvshard import DataType, FusionDefinition
+from nvshard import FusionDefinition
 
 from nvshard.models import gelu_tanh
+from nvshard.models import split_input as sharded  # a float input on mesh m, `axis` split over mesh_x
 
 P = nvfuser.ParallelType
 KiB = 1024.0
@@ -21,16 +22,6 @@ MiB = 1024.0 * 1024.0
 
 def mesh(devices):
     return nvfuser.multidevice.DeviceMesh(torch.tensor(devices))
-
-
-def sharded(fd, shape, m, axis):
-    """An input of `shape` on mesh m, axis `axis` split over mesh_x (None: replicated)."""
-    tv = fd.define_tensor(shape, dtype=DataType.Float)
-    tv.set_device_mesh(m)
-    if axis is not None:
-        tv.outer_split(axis, m.size)
-        tv.axis(axis).parallelize(P.mesh_x)
-    return tv
 
 
 def collectives(plan) -> list:

@@ -8,7 +8,7 @@ import torch
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition, NvShardError
-from nvshard.models import Direction, annotate_mlp, annotate_triangle, mlp, triangle_update
+from nvshard.models import Direction, annotate_mlp, annotate_triangle, mlp, triangle_shapes, triangle_update
 
 PT = nvfuser.ParallelType
 
@@ -29,8 +29,6 @@ def shard(tv, axis, parallel_type, d, mesh=None):
 
 # -- the triangle multiplicative update -----------------------------------------
 
-TRIANGLE_SHAPES = lambda b, n, c: [[b, n, n, c], [c], [c], [2 * c, c], [2 * c, c], [c], [c], [c, c], [c, c], [b, n, n]]
-
 
 def _triangle(direction, swap=False, dp=1):
     with FusionDefinition() as fd:
@@ -44,7 +42,7 @@ def _triangle(direction, swap=False, dp=1):
 @pytest.mark.parametrize("sizes", ["symbolic", "concrete"])
 def test_triangle_matmul_output_gets_designed_sharding(direction, swap, sizes):
     fd, matmul_out = _triangle(direction, swap)
-    plan = nvfuser.propagate_shardings(fd, None if sizes == "symbolic" else TRIANGLE_SHAPES(2, 64, 128))
+    plan = nvfuser.propagate_shardings(fd, None if sizes == "symbolic" else triangle_shapes(2, 64, 128))
     i, j = (2, 3) if not swap else (3, 2)
     expected = [["z"], [], [], []]
     expected[i], expected[j] = ["y"], ["x"]
@@ -58,7 +56,7 @@ def test_triangle_matmul_output_gets_designed_sharding(direction, swap, sizes):
 @pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
 def test_triangle_bytes_match_designed_plan(direction, swap):
     fd, _ = _triangle(direction, swap)
-    plan = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128))
+    plan = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128))
     kinds = sorted((c.kind, c.bytes_received) for c in plan.communications)
     assert kinds == [("allgather", 1 << 20), ("reduce_scatter", 1 << 20)]
     assert plan.bytes_per_device == 2 << 20
@@ -66,22 +64,22 @@ def test_triangle_bytes_match_designed_plan(direction, swap):
 
 def test_triangle_dp2_halves_bytes():
     fd, _ = _triangle(Direction.OUTGOING, dp=2)
-    plan = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128))
+    plan = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128))
     assert plan.bytes_per_device == 1 << 20
 
 
 def test_legacy_reproduces_the_outgoing_bug():
     fd, matmul_out = _triangle(Direction.OUTGOING)
-    legacy = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128), propagation="legacy")
+    legacy = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128), propagation="legacy")
     # The forward sweep takes the second operand first: j gets DIDy, i nothing.
     assert legacy.mesh_axes(matmul_out) == [["z"], [], [], ["y"]]
-    default = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128))
+    default = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128))
     assert legacy.bytes_per_device > default.bytes_per_device
 
 
 def test_legacy_gets_incoming_right():
     fd, matmul_out = _triangle(Direction.INCOMING)
-    legacy = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128), propagation="legacy")
+    legacy = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128), propagation="legacy")
     assert legacy.mesh_axes(matmul_out) == [["z"], [], ["y"], ["x"]]
     assert legacy.partial_axes(matmul_out) == ["y"]
 
@@ -94,7 +92,7 @@ def test_legacy_mode_from_environment(monkeypatch):
 
 def test_outgoing_log_names_the_conflict_and_why():
     fd, matmul_out = _triangle(Direction.OUTGOING)
-    plan = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128))
+    plan = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128))
     lines = "\n".join(plan.explain(matmul_out))
     conflict = next(l for l in plan.explain(matmul_out) if l.startswith("conflict"))
     # the winner shards i on DIDy and j on DIDx; the loser j on DIDy
@@ -310,7 +308,7 @@ def test_sharded_inner_reshape_merges_to_a_strided_layout():
 
 def test_annotated_tensors_are_never_changed():
     fd, matmul_out = _triangle(Direction.OUTGOING)
-    plan = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128))
+    plan = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128))
     z_in, mask = fd.fusion.inputs()[0], fd.fusion.inputs()[-1]
     assert plan.mesh_axes(z_in) == [["z"], ["y"], ["x"], []]
     assert plan.mesh_axes(mask) == [["z"], ["y"], ["x"]]
@@ -320,7 +318,7 @@ def test_annotated_tensors_are_never_changed():
 
 def test_a_mesh_axis_shards_one_axis_per_tensor():
     fd, _ = _triangle(Direction.INCOMING, swap=True)
-    plan = nvfuser.propagate_shardings(fd, TRIANGLE_SHAPES(2, 64, 128))
+    plan = nvfuser.propagate_shardings(fd, triangle_shapes(2, 64, 128))
     for tv in plan.propagated:
         axes = [m for k in tv.non_reduction_axes() for m in plan.program.state[tv].layouts[k] if isinstance(m, str)]
         assert len(axes) == len(set(axes)), tv
