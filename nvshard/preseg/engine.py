@@ -41,6 +41,7 @@ from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .conflicts import ConflictResolver
+from .classes import PassThroughClasses
 from .cost import CostModel
 from .log import DecisionLog
 from .program import Program, TvState
@@ -77,6 +78,7 @@ class Engine:
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
         self._seed()
+        self.classes = PassThroughClasses(program, self.frozen, self.home)
 
     # -- setup ------------------------------------------------------------------------
     def _exprs_of(self, tv):
@@ -228,22 +230,25 @@ class Engine:
         frozen = self.frozen
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
+        # linked axes reach each other through their class (_spread), not here
+        linked = self.classes.linked_positions.get(expr, ())
         open_to = self._open_to.get(expr)
         if open_to is None:  # axes that may take a proposal (annotations are final)
-            open_to = self._open_to[expr] = [s for s in slots if s.reduction or s.tv not in frozen]
-        targets = [s for s in open_to if decided[s.tv][s.axis] is None]
+            open_to = self._open_to[expr] = [(i, s) for i, s in enumerate(slots)
+                                             if s.reduction or s.tv not in frozen]
+        targets = [(i, s) for i, s in open_to if decided[s.tv][s.axis] is None]
         if not targets:
             return []
         level = self.level
         opinions: dict = {}  # factor -> [Opinion]
-        for s in slots:
+        for i, s in enumerate(slots):
             d = decided[s.tv][s.axis]
             if d is None or not d.digits or d.priority > level:
                 continue
             mesh = self.mesh[s.tv]
             if not s.compound:
                 f = s.factors[0]
-                o = Opinion(d.digits, s.tv, d.priority, s.role, mesh, False)
+                o = Opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked)
                 ops = opinions.get(f)
                 if ops is None:
                     opinions[f] = [o]
@@ -257,7 +262,7 @@ class Engine:
                 continue
             for f, digits in zip(s.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, True))
+                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, True, False))
         if not opinions:
             return []
         # Through a contraction, an operand still open may yet bring a
@@ -267,13 +272,15 @@ class Engine:
                    and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
                            for s in slots if s.role is Role.OPERAND))
         proposals = []
-        for s in targets:
+        for i, s in targets:
             is_pending = s.reduction and s.role is Role.RESULT
             if not s.compound:
                 f = s.factors[0]
                 kind = kinds[f]
                 if kind is FactorKind.REPLICATED:
                     ops = []
+                elif i in linked:
+                    ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv and not o.linked]
                 else:
                     ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv]
                 if is_pending and kind is FactorKind.SUM:
@@ -345,14 +352,17 @@ class Engine:
             for o in ops:
                 if used & set(layout.mesh_axes_of(o.digits)):
                     prio = max((x.priority for x in self.decided[tv] if x is not None), default=self.level)
-                    options.append(Opinion((), tv, min(prio, self.level), Role.OPERAND, self.mesh[tv], False))
+                    options.append(Opinion((), tv, min(prio, self.level), Role.OPERAND, self.mesh[tv], False, False))
                     break
         return options
 
     def _refresh(self, exprs) -> None:
         touched = set()
         by_target = self.by_target
+        internal = self.classes.internal
         for e in exprs:
+            if e in internal:
+                continue  # its axes hear of each other through their class
             old = self.proposals.get(e)
             if old:
                 for tv in {p.tv for p in old}:
@@ -438,17 +448,125 @@ class Engine:
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason: str = "") -> None:
         changed = set()
+        spreading = []
         for tv, m in items:
             if self.decided[tv][m.axis] is not None:
                 continue
-            if self.mesh[tv] is None and m.mesh is not None:
-                self.mesh[tv] = m.mesh
-            source = Propagated(m)
-            self.decided[tv][m.axis] = Decision(m.digits, m.priority, m.stage, source)
-            self._used_cache.pop((tv, tv.logical[m.axis].is_reduction()), None)
-            self.log.decide(tv, m.axis, m.digits, source, m.priority, m.stage.describe(), reason)
+            self._decide(tv, m, reason)
             changed.add(tv)
+            if m.digits and (tv, m.axis) in self.classes.links:
+                spreading.append((tv, m.axis))
+        if spreading:
+            changed |= self._spread(spreading)
         self._after_change(changed)
+
+    def _decide(self, tv, m: Choice, reason: str) -> None:
+        self._record(tv, m.axis, m.digits, m.mesh, Decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
+
+    def _record(self, tv, axis: int, digits, mesh, decision: Decision, reason: str) -> None:
+        if self.mesh[tv] is None and mesh is not None:
+            self.mesh[tv] = mesh
+        self.decided[tv][axis] = decision
+        self._used_cache.pop((tv, tv.logical[axis].is_reduction()), None)
+        self.log.decide(tv, axis, digits, decision.source, decision.priority, decision.stage.describe(), reason)
+        if tv in self._classes or tv in self.by_target:
+            self._invalidate(tv)
+
+    def _spread(self, frontier: list) -> set:
+        """Carry decisions along their pass-through classes' links, a link
+        layer at a time, as proposals would (same stage, sources and log),
+        without recomputing any expr's proposals. An axis takes the layout
+        when nothing competes with it there (its other proposals, the other
+        layouts arriving in this layer, its tensor's other axes); otherwise
+        the layout becomes an ordinary proposal for the axis and the wave
+        stops there, for the conflict to be resolved like any other.
+        Returns the tensors decided."""
+        decided, links, meshes, home = self.decided, self.classes.links, self.mesh, self.home
+        changed = set()
+        while frontier:
+            arriving: dict = {}  # tv -> {axis: [(Decision, mesh, source tv, Link)]}
+            for tv, axis in frontier:
+                d = decided[tv][axis]
+                mesh = meshes[tv]
+                for link in links[(tv, axis)]:
+                    t = link.tv
+                    if decided[t][link.axis] is not None:
+                        continue
+                    own = meshes[t] or home.get(t)
+                    if own is not None and own != mesh:
+                        continue
+                    per_axis = arriving.get(t)
+                    if per_axis is None:
+                        per_axis = arriving[t] = {}
+                    per_axis.setdefault(link.axis, []).append((d, mesh, tv, link))
+            frontier = []
+            for t in sorted(arriving, key=_number):
+                per_axis = arriving[t]
+                if t in self.by_target or not self._uncontested(t, per_axis):
+                    frontier += self._offer(t, per_axis)
+                    continue
+                for axis in sorted(per_axis):
+                    offers = per_axis[axis]
+                    d, mesh, _, link = offers[0]
+                    source = Propagated.through((link.direction, link.expr, link.names), [o[2] for o in offers])
+                    priority = min(o[0].priority for o in offers)
+                    self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, Stage.PASS_THROUGH, source), "")
+                    frontier.append((t, axis))
+            changed.update(t for t, _ in frontier)
+        return changed
+
+    def _uncontested(self, tv, per_axis: dict) -> bool:
+        """One layout arrives per axis, and the mesh axes they use are free
+        on tv and distinct."""
+        taken = set(self.used(tv, reduction=False))
+        for offers in per_axis.values():
+            d, mesh = offers[0][0], offers[0][1]
+            mesh_axes, key = self._layout_facts(d.digits)
+            for o in offers[1:]:
+                if o[1] != mesh or self._layout_facts(o[0].digits)[1] != key:
+                    return False
+            if not taken.isdisjoint(mesh_axes):
+                return False
+            taken |= mesh_axes
+        return True
+
+    def _offer(self, tv, per_axis: dict) -> list:
+        """The arriving layouts as choices beside tv's other proposals: those
+        nothing competes with are decided, the rest are left as proposals.
+        Returns the axes decided."""
+        arriving = []
+        for axis in sorted(per_axis):
+            merged: dict = {}
+            for d, mesh, src, link in per_axis[axis]:
+                mesh_axes, key = self._layout_facts(d.digits)
+                m = merged.get((key, mesh))
+                if m is None:
+                    m = merged[(key, mesh)] = Choice(axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, False,
+                                                     mesh_axes=mesh_axes)
+                m.priority = min(m.priority, d.priority)
+                m.sources.append(Proposal(tv, axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, link.expr,
+                                          link.names, src, link.direction, False, mesh_axes, key))
+            arriving += merged.values()
+        existing = self.current_choices(tv)
+        used = self.used(tv, reduction=False)
+        taken, proposed = [], []
+        for m in arriving:
+            key = layout.key(m.digits)
+            same = [o for o in existing if o.axis == m.axis and o.mesh == m.mesh and layout.key(o.digits) == key]
+            rivals = [o for o in existing if o not in same] + [o for o in arriving if o is not m]
+            if used.isdisjoint(m.mesh_axes) and not any(compete(m, o) for o in rivals):
+                for o in same:  # the same layout, also proposed through other exprs
+                    m.priority = min(m.priority, o.priority)
+                    m.sources.extend(o.sources)
+                taken.append(m)
+            else:
+                proposed.append(m)
+        for m in taken:
+            self._decide(tv, m, "")
+        if proposed:
+            self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(p for m in proposed for p in m.sources)
+            self._invalidate(tv)
+        return [(tv, m.axis) for m in taken]
 
     def _apply_easy(self, items: list) -> None:
         """Easy choices apply as they are, except that a pending sum competes
@@ -481,6 +599,9 @@ class Engine:
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
             self.p.state[tv] = TvState(mesh, layouts)
+
+
+_CLASS = "pass-through class"  # by_target's key for proposals a class's spread left open
 
 
 def _expr_structure(expr, rule) -> tuple:

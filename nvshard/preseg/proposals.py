@@ -66,6 +66,7 @@ class Opinion(NamedTuple):
     role: Role
     mesh: object
     compound: bool  # read off an axis made of several factors
+    linked: bool  # read off an axis of a pass-through class (classes.py)
 
 
 @dataclass(eq=False, slots=True)
@@ -156,6 +157,15 @@ class Propagated:
         first = choice.sources[0] if choice.sources else None
         self.via = None if first is None else (first.direction, first.expr, first.factor)
         self.tensors = tuple(s.source for s in choice.sources if s.source is not None)
+
+    @classmethod
+    def through(cls, via: tuple, tensors: list) -> "Propagated":
+        """Carried (direction, expr, factor names) from `tensors`, with no
+        Choice behind it (a pass-through class's spread)."""
+        self = cls.__new__(cls)
+        self.via = via
+        self.tensors = tuple(tensors)
+        return self
 
     def __str__(self) -> str:
         if self.via is None:

@@ -1,0 +1,102 @@
+"""Pass-through classes (nvshard/preseg/classes.py): which axes are grouped,
+that a class takes a sharding in one spread with no expr proposing inside
+it, and that a spread stops where another sharding competes."""
+
+import torch
+
+import nvshard as nvfuser
+from nvshard import DataType, FusionDefinition
+from nvshard.preseg.cost import CostModel
+from nvshard.preseg.engine import Engine
+from nvshard.preseg.log import DecisionLog
+from nvshard.preseg.pipeline import _sizes
+from nvshard.preseg.program import Program
+
+PT = nvfuser.ParallelType
+
+
+def _mesh(n):
+    return nvfuser.multidevice.DeviceMesh(torch.arange(n))
+
+
+def _shard(tv, axis, mesh, parallel_type=PT.mesh_x):
+    tv.set_device_mesh(mesh)
+    tv.outer_split(axis, mesh.size)
+    tv.axis(axis).parallelize(parallel_type)
+
+
+def _engine(fd, shapes):
+    sizes = _sizes(fd.fusion, shapes, None)
+    program = Program(fd.fusion, sizes)
+    engine = Engine(program, CostModel(program, sizes), DecisionLog())
+    engine.run()
+    return engine
+
+
+def _chain(length):
+    """x (annotated) -> relu -> neg -> ... -> linear(W) -> add 1."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 16], dtype=DataType.Float)
+        w = fd.define_tensor([4, 16], dtype=DataType.Float)
+        chain = [x]
+        for i in range(length):
+            chain.append((fd.ops.relu if i % 2 == 0 else fd.ops.neg)(chain[-1]))
+        out = fd.ops.linear(chain[-1], w)
+        after = fd.ops.add(out, 1.0)
+        fd.add_output(after)
+        _shard(x, 0, _mesh(2))
+    return fd, chain, out, after
+
+
+def test_pass_through_axes_form_one_class_and_contractions_separate_them():
+    fd, chain, out, after = _chain(4)
+    classes = _engine(fd, [[8, 16], [4, 16]]).classes
+    rows = {classes.class_of(tv, 0) for tv in chain[1:]}
+    columns = {classes.class_of(tv, 1) for tv in chain[1:]}
+    assert len(rows) == 1 and len(columns) == 1 and rows != columns
+    # the annotated input is a source, not a member
+    assert (chain[0], 0) not in classes.links
+    # linear contracts: its result's axes start a class of their own
+    assert classes.class_of(out, 0) == classes.class_of(after, 0)
+    assert classes.class_of(out, 0) not in rows
+    assert classes.count() == (4, 12)  # chain rows, chain columns, out/after rows, out/after columns
+
+
+def test_a_class_takes_its_sharding_in_one_spread():
+    fd, chain, out, after = _chain(6)
+    engine = _engine(fd, [[8, 16], [4, 16]])
+    for tv in chain[1:]:
+        assert [d.digits != () for d in engine.decided[tv]] == [True, False]
+    # only the expr where the annotation enters the class ever proposed
+    inside = [engine.p.producer[tv] for tv in chain[2:]] + [engine.p.producer[after]]
+    assert all(e in engine.classes.internal for e in inside)
+    assert engine.p.producer[chain[1]] not in engine.classes.internal
+    assert not any(e in engine.proposals for e in inside)
+    # the log still says which expr carried each decision, and from where
+    for previous, tv in zip(chain[1:], chain[2:]):
+        text = engine.log.explain(tv)[0]
+        assert f"forward through {engine.p.producer[tv].op.name}" in text and f"from {previous.short_name()}" in text
+        assert "stage pass-through" in text
+
+
+def test_a_spread_stops_where_another_sharding_competes():
+    """Two classes bring the same mesh axis to two axes of one tensor: the
+    tensor is a conflict resolved by bytes, and what follows it takes the
+    winner, not whichever wave came first."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([8, 16], dtype=DataType.Float)
+        b = fd.define_tensor([8, 16], dtype=DataType.Float)
+        ra, rb = fd.ops.relu(a), fd.ops.relu(b)
+        c = fd.ops.add(ra, rb)
+        d = fd.ops.neg(c)
+        fd.add_output(d)
+        mesh = _mesh(2)
+        _shard(a, 0, mesh)
+        _shard(b, 1, mesh)
+    plan = nvfuser.propagate_shardings(fd, [[8, 16], [8, 16]])
+    assert plan.mesh_axes(ra) == [["x"], []] and plan.mesh_axes(rb) == [[], ["x"]]
+    assert len(plan.conflicts(c)) == 1
+    assert plan.mesh_axes(d) == plan.mesh_axes(c) and plan.mesh_axes(c) in ([["x"], []], [[], ["x"]])
+    # one operand of the add is resharded (a 16x8 float shard arrives whole
+    # as 8x16 needs: an all-to-all of half the local block), nothing else moves
+    assert [c.kind for c in plan.communications] == ["all_to_all"]
