@@ -3,6 +3,7 @@ versions of the engine can be compared by the bytes their plans move.
 
     .venv/bin/python tools/plan_census.py record OUT.json [--examples 3000] [--seed 0] [--jobs 2]
     .venv/bin/python tools/plan_census.py diff BASE.json NEW.json
+    .venv/bin/python tools/plan_census.py --quick   # CI's smoke run: two 40-program censuses agree
 
 record plans (nvshard.propagate_shardings(fd, shapes, propagation="default"),
 as tests/python/test_properties.py does) for
@@ -29,6 +30,7 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -228,7 +230,23 @@ def diff(args) -> int:
     return 1 if more or errs else 0
 
 
+def quick() -> int:
+    """CI's smoke run: two small censuses must be identical (determinism)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, f"{i}.json") for i in range(2)]
+        for path in paths:  # a process each: bench_comm's sizes are module state
+            subprocess.run([sys.executable, __file__, "record", path, "--examples", "40", "--jobs", "1"], check=True)
+        with open(paths[0]) as a, open(paths[1]) as b:
+            if json.load(a) != json.load(b):
+                print("plan census: two runs with the same seed differ")
+                return 1
+        return diff(argparse.Namespace(base=paths[0], new=paths[1]))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--quick"]:
+        return quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="plan every program and write OUT.json")
