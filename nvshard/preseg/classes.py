@@ -25,13 +25,17 @@ from .proposals import Direction
 
 
 class Link(NamedTuple):
-    """The other end of a link from one axis: where a decision spreads to."""
+    """Where a decision on one axis spreads: the expr, the linked axes on its
+    factor (AxisFactors, the decided axis among them) and the decided axis's
+    role there."""
 
-    tv: object
-    axis: int
     expr: object
-    names: str  # the factor's name, for the log
-    direction: Direction
+    members: tuple
+    role: Role
+
+    def ends(self, tv):
+        """(other axis, direction) pairs, for a decision on tv's axis."""
+        return [(m, _DIRECTION[self.role, m.role]) for m in self.members if m.tv is not tv]
 
 
 _DIRECTION = {(a, b): Direction.between(a, b) for a in Role for b in Role}
@@ -48,39 +52,28 @@ class PassThroughClasses:
                 self._link_expr(e, program.rule(e), frozen, home)
 
     def _link_expr(self, expr, rule, frozen, home) -> None:
-        factors = rule.factors
-        if any(f.kind is FactorKind.SUM for f in factors):
-            return
         slots = axis_factors(expr, rule)
-        by_factor: dict = {}  # (factor, stage mesh) -> [position]
-        for i, s in enumerate(slots):
-            if s.compound or s.reduction or s.tv in frozen:
-                continue
-            f = s.factors[0]
-            if factors[f].kind is FactorKind.PASS:
-                key = (f, home.get(s.tv))
-                group = by_factor.get(key)
-                if group is None:
-                    by_factor[key] = [i]
-                else:
-                    group.append(i)
         positions = []
         links = self.links
-        for group in by_factor.values():
-            if len(group) < 2:
-                continue
-            first = (slots[group[0]].tv, slots[group[0]].axis)
-            for i in group:
-                a = slots[i]
-                ends = [b for b in (slots[j] for j in group) if b.tv is not a.tv]
-                if not ends:
-                    continue  # one tensor twice (x * x) links nothing
-                positions.append(i)
-                out = links.get((a.tv, a.axis))
-                if out is None:
-                    out = links[(a.tv, a.axis)] = []
-                out += [Link(b.tv, b.axis, expr, b.names, _DIRECTION[a.role, b.role]) for b in ends]
-                self._union(first, (a.tv, a.axis))
+        for group in _pass_groups(rule, slots):
+            members = [i for i in group if slots[i].tv not in frozen]
+            stages = {home.get(slots[i].tv) for i in members}
+            parts = [members] if len(stages) == 1 else [
+                [i for i in members if home.get(slots[i].tv) == mesh] for mesh in stages]
+            for part in parts:
+                if len({id(slots[i].tv) for i in part}) < 2:
+                    continue  # one tensor (x * x) links nothing
+                axes = tuple(slots[i] for i in part)
+                first = (axes[0].tv, axes[0].axis)
+                for a in axes:
+                    key = (a.tv, a.axis)
+                    out = links.get(key)
+                    if out is None:
+                        links[key] = [Link(expr, axes, a.role)]
+                    else:
+                        out.append(Link(expr, axes, a.role))
+                    self._union(first, key)
+                positions += part
         if positions:
             self.linked_positions[expr] = frozenset(positions)
             if len(positions) == len(slots):
@@ -109,3 +102,18 @@ class PassThroughClasses:
         """(classes, linked axes)."""
         roots = {self._find(s) for s in self.links}
         return len(roots), len(self.links)
+
+
+def _pass_groups(rule, slots) -> list:
+    """Positions of the axes on each pass-through factor that could link (made
+    of that factor alone, not a pending sum); none when the expr contracts.
+    Fixed per expr: cached with its rule."""
+    groups = rule.cache.get("pass_groups")
+    if groups is None:
+        by_factor: dict = {}
+        if not any(f.kind is FactorKind.SUM for f in rule.factors):
+            for i, s in enumerate(slots):
+                if not s.compound and not s.reduction and rule.factors[s.factors[0]].kind is FactorKind.PASS:
+                    by_factor.setdefault(s.factors[0], []).append(i)
+        groups = rule.cache["pass_groups"] = [g for g in by_factor.values() if len(g) > 1]
+    return groups

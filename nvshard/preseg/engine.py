@@ -489,16 +489,17 @@ class Engine:
                 d = decided[tv][axis]
                 mesh = meshes[tv]
                 for link in links[(tv, axis)]:
-                    t = link.tv
-                    if decided[t][link.axis] is not None:
-                        continue
-                    own = meshes[t] or home.get(t)
-                    if own is not None and own != mesh:
-                        continue
-                    per_axis = arriving.get(t)
-                    if per_axis is None:
-                        per_axis = arriving[t] = {}
-                    per_axis.setdefault(link.axis, []).append((d, mesh, tv, link))
+                    for end, direction in link.ends(tv):
+                        t = end.tv
+                        if decided[t][end.axis] is not None:
+                            continue
+                        own = meshes[t] or home.get(t)
+                        if own is not None and own != mesh:
+                            continue
+                        per_axis = arriving.get(t)
+                        if per_axis is None:
+                            per_axis = arriving[t] = {}
+                        per_axis.setdefault(end.axis, []).append((d, mesh, tv, (direction, link.expr, end.names)))
             frontier = []
             for t in sorted(arriving, key=_number):
                 per_axis = arriving[t]
@@ -507,8 +508,8 @@ class Engine:
                     continue
                 for axis in sorted(per_axis):
                     offers = per_axis[axis]
-                    d, mesh, _, link = offers[0]
-                    source = Propagated.through((link.direction, link.expr, link.names), [o[2] for o in offers])
+                    d, mesh, _, via = offers[0]
+                    source = Propagated.through(via, [o[2] for o in offers])
                     priority = min(o[0].priority for o in offers)
                     self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, Stage.PASS_THROUGH, source), "")
                     frontier.append((t, axis))
@@ -537,15 +538,15 @@ class Engine:
         arriving = []
         for axis in sorted(per_axis):
             merged: dict = {}
-            for d, mesh, src, link in per_axis[axis]:
+            for d, mesh, src, (direction, expr, names) in per_axis[axis]:
                 mesh_axes, key = self._layout_facts(d.digits)
                 m = merged.get((key, mesh))
                 if m is None:
                     m = merged[(key, mesh)] = Choice(axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, False,
                                                      mesh_axes=mesh_axes)
                 m.priority = min(m.priority, d.priority)
-                m.sources.append(Proposal(tv, axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, link.expr,
-                                          link.names, src, link.direction, False, mesh_axes, key))
+                m.sources.append(Proposal(tv, axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, expr,
+                                          names, src, direction, False, mesh_axes, key))
             arriving += merged.values()
         existing = self.current_choices(tv)
         used = self.used(tv, reduction=False)
