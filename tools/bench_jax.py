@@ -571,11 +571,13 @@ def _programs():
         inner = 0.797885 * (x + 0.044715 * x3)
         return 0.5 * x * (1.0 + jnp.tanh(inner))
 
-    def triangle(direction, swap, s, names):
+    def triangle(direction, swap, s, names, layers=0):
+        """layers = 0: one block (models.triangle_update); N: N blocks each
+        adding its update to z (bench_propagation.py's triangle stack)."""
         b, n, c = s["b"], s["n"], s["c"]
         dt = f32
 
-        def fn(z_in, w_norm_in, b_norm_in, w_p_in, w_g_in, w_norm_out, b_norm_out, w_p_out, w_g_out, mask):
+        def block(z_in, w_norm_in, b_norm_in, w_p_in, w_g_in, w_norm_out, b_norm_out, w_p_out, w_g_out, mask):
             z_in = layer_norm(z_in, w_norm_in, b_norm_in)
             z = gating(z_in, w_p_in, z_in, w_g_in)
             z = jnp.where(mask[..., None], z, jnp.zeros((), z.dtype))
@@ -596,11 +598,20 @@ def _programs():
             return gating(z, w_p_out, z_in, w_g_out)
 
         S = jax.ShapeDtypeStruct
-        args = [S((b, n, n, c), dt), S((c,), dt), S((c,), dt), S((2 * c, c), dt), S((2 * c, c), dt), S((c,), dt),
-                S((c,), dt), S((c, c), dt), S((c, c), dt), S((b, n, n), jnp.bool_)]
+        weights = [S((c,), dt), S((c,), dt), S((2 * c, c), dt), S((2 * c, c), dt), S((c,), dt), S((c,), dt),
+                   S((c, c), dt), S((c, c), dt)]
         z, y, x = names
-        specs = [P(z, y, x, None)] + [P()] * 8 + [P(z, y, x)]
-        return fn, args, specs
+        if not layers:
+            args = [S((b, n, n, c), dt)] + weights + [S((b, n, n), jnp.bool_)]
+            return block, args, [P(z, y, x, None)] + [P()] * 8 + [P(z, y, x)]
+
+        def stack(z, mask, *ws):
+            for i in range(layers):
+                z = z + block(z, *ws[8 * i:8 * i + 8], mask)
+            return z
+
+        args = [S((b, n, n, c), dt), S((b, n, n), jnp.bool_)] + weights * layers
+        return stack, args, [P(z, y, x, None), P(z, y, x)] + [P()] * (8 * layers)
 
     def attention(direction, s, names):
         b, n, c, ch, h = s["b"], s["n"], s["c"], s["c_hidden"], s["heads"]
@@ -641,26 +652,32 @@ def _programs():
         specs = [P(z, y, x, None), P(), P(), P(), P(z, y, x), P(), P(), P()]
         return fn, args, specs
 
-    def mlp(sp, t, h, names):
+    def mlp(sp, t, h, names, layers=1):
+        """`layers` residual blocks, each output the next block's input."""
         dt = f32
 
-        def fn(inp, up_w, down_w):
-            y = linear(inp, up_w)
-            g = gelu_tanh(y).astype(dt)
-            o = linear(g, down_w)
-            return (o + inp).astype(dt)
+        def fn(inp, *ws):
+            for i in range(layers):
+                y = linear(inp, ws[2 * i])
+                g = gelu_tanh(y).astype(dt)
+                o = linear(g, ws[2 * i + 1])
+                inp = (o + inp).astype(dt)
+            return inp
 
         S = jax.ShapeDtypeStruct
-        args = [S((t, h), dt), S((4 * h, h), dt), S((h, 4 * h), dt)]
+        args = [S((t, h), dt)] + [S((4 * h, h), dt), S((h, 4 * h), dt)] * layers
         tp = names[-1]
         if len(names) == 1:  # annotate_mlp
             inp = P(tp, None) if sp else P()
         else:  # annotate_mlp_2d
             dp = names[-2]
             inp = P((dp, tp), None) if sp else P(dp, None)
-        return fn, args, [inp, P(tp, None), P(None, tp)]
+        return fn, args, [inp] + [P(tp, None), P(None, tp)] * layers
 
-    def transformer(sp, s, names):
+    def transformer(sp, s, names, layers=0):
+        """layers = 0: one layer with all the fusion's outputs; N: N layers,
+        each output the next one's input, the last output only
+        (bench_propagation.py's transformer stack)."""
         b, sq, heads, e = s["b"], s["s"], s["heads"], s["e"]
         dh = e // heads
         p_drop = 0.1
@@ -688,8 +705,8 @@ def _programs():
             out = jnp.matmul(probs.astype(bf16), v, preferred_element_type=f32).astype(bf16)
             return out, lse
 
-        def fn(inp, ln0_w, ln0_b, qkv_w, qkv_b, proj_w, proj_b, ln1_w, ln1_b, up_w, up_b, down_w, down_b):
-            k_attn, k_mha, k_mlp = jax.random.split(jax.random.key(0), 3)
+        def fn(inp, ln0_w, ln0_b, qkv_w, qkv_b, proj_w, proj_b, ln1_w, ln1_b, up_w, up_b, down_w, down_b, key=None):
+            k_attn, k_mha, k_mlp = jax.random.split(jax.random.key(0) if key is None else key, 3)
             x = inp.astype(f32)
             ln0, ln0_mean, ln0_rstd = ln(x, ln0_w, ln0_b)
             qkv = linear(ln0, qkv_w, qkv_b)
@@ -713,7 +730,6 @@ def _programs():
         S = jax.ShapeDtypeStruct
         shapes = [(b, sq, e), (e,), (e,), (3 * e, e), (3 * e,), (e, e), (e,), (e,), (e,), (4 * e, e), (4 * e,),
                   (e, 4 * e), (e,)]
-        args = [S(shape, bf16) for shape in shapes]
         tp = names[-1]
         if len(names) == 1:  # annotate_transformer
             inp = P(None, tp, None) if sp else P()
@@ -721,8 +737,16 @@ def _programs():
             dp = names[-2]
             inp = P(dp, tp, None) if sp else P(dp, None, None)
         col, row, rep = P(tp, None), P(None, tp), P()
-        specs = [inp, rep, rep, col, P(tp), row, rep, rep, rep, col, P(tp), row, rep]
-        return fn, args, specs
+        specs = [rep, rep, col, P(tp), row, rep, rep, rep, col, P(tp), row, rep]
+        if not layers:
+            return fn, [S(shape, bf16) for shape in shapes], [inp] + specs
+
+        def stack(x, *ws):
+            for i in range(layers):
+                x = fn(x, *ws[12 * i:12 * i + 12], key=jax.random.fold_in(jax.random.key(0), i))[-1]
+            return x
+
+        return stack, [S(shape, bf16) for shape in shapes[:1] + shapes[1:] * layers], [inp] + specs * layers
 
     def build(key, sizes, names):
         kind = key[0]

@@ -17,7 +17,10 @@ For each priority level, lowest first:
     the same mesh axis. Easy proposals are applied a stage at a time, by
     the factor they cross (pass-through factors, then contractions, then
     factors a reshape splits or merges), and propagation continues to a
-    fixed point.
+    fixed point. Axes joined by pass-through factors form classes
+    (classes.py): a decision spreads through its class directly, a link
+    layer at a time under the same rule, and only exprs where classes meet
+    make proposals.
  3. Only when nothing easy is left is one *conflict* resolved: the tensor's
     consistent candidate assignments (with the longest compatible prefix of
     multi-axis layouts) are scored by priority, then by the bytes the
