@@ -4,6 +4,8 @@ collectives of the partitioned HLO turned into bytes received per device.
 
     bench_jax.available() -> bool
     bench_jax.measure(jax_key, mesh_shape, sizes) -> {"shardy": entry, "gspmd": entry}
+    bench_jax.time_passes(jax_key, mesh_shape, sizes, repeats) -> seconds of the
+        partitioners' passes (tools/bench_propagation.py; see _time_passes)
 
 An entry is {"bytes": float, "collectives": {kind: count}, ...} or
 {"error": "..."}. jax is optional: without it available() is False and
@@ -17,7 +19,8 @@ torch long before. One program by hand, with its collectives:
     .venv/bin/python tools/bench_comm.py --jax-demo "triangle outgoing 0 1x2x2" [--hlo]
 
 `tools/bench_jax.py --quick` checks the HLO reader on a module with known
-bytes and, with jax, runs one small program through both partitioners.
+bytes and the pass timer reader on a known log and, with jax, runs one small
+program through both partitioners (bytes and pass times).
 
 Programs (same math, dtypes and sizes as nvshard/models.py):
   triangle update    f32; z_in/mask [b->z, i->y, j->x], weights replicated; the
@@ -35,6 +38,10 @@ Programs (same math, dtypes and sizes as nvshard/models.py):
                      with a constant key (threefry, partitionable: no
                      communication), sdpfa_fwd's dropout and causal mask as
                      explicit math with bf16 matmul operands.
+  stacks             a last key element N: N triangle blocks (each adding its
+                     update to z), N residual MLP blocks or N transformer
+                     layers (the last output only), each feeding the next, as
+                     tools/bench_propagation.py builds them.
 Only the inputs are annotated (jax.jit in_shardings); the outputs are left to
 the partitioner (out_shardings unspecified), as nvshard's fusion outputs are
 When the partitioner then shards an output
@@ -89,14 +96,21 @@ REQUEST_TIMEOUT_S = 600.0
 # -- the parent side ----------------------------------------------------------------------------
 
 
+# Worker kinds: "comm" for bytes; "passes" logs XLA's pass timers (VLOG 1 of
+# hlo_pass_pipeline.cc, INFO level), which only environment variables read at
+# start-up can switch on, so it gets a process of its own.
+_WORKER_ENV = {"comm": {}, "passes": {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "hlo_pass_pipeline=1"}}
+
+
 class _Worker:
-    def __init__(self):
+    def __init__(self, kind: str = "comm"):
         env = dict(os.environ)
         flags = env.get("XLA_FLAGS", "")
         flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", flags)
         env["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={N_HOST_DEVICES}").strip()
         env["JAX_PLATFORMS"] = "cpu"
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env.update(_WORKER_ENV[kind])
         self.log = tempfile.TemporaryFile(mode="w+b")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
@@ -141,23 +155,22 @@ class _Worker:
                 self.proc.wait()
 
 
-_worker: Optional[_Worker] = None
-_available: Optional[bool] = None
+_workers: dict = {}
+_available: dict = {}
 _devices = 0
 
 
-def _get_worker() -> _Worker:
-    global _worker
-    if _worker is None or not _worker.alive():
-        _worker = _Worker()
-    return _worker
+def _get_worker(kind: str = "comm") -> _Worker:
+    if kind not in _workers or not _workers[kind].alive():
+        _workers[kind] = _Worker(kind)
+    return _workers[kind]
 
 
-def available() -> bool:
+def available(kind: str = "comm") -> bool:
     """jax importable and the CPU host devices usable (asks the worker once)."""
-    global _available, _devices
-    if _available is not None:
-        return _available
+    global _devices
+    if kind in _available:
+        return _available[kind]
     import importlib.util
 
     try:
@@ -165,17 +178,17 @@ def available() -> bool:
     except (ImportError, ValueError):
         found = False
     if not found:
-        _available = False
+        _available[kind] = False
         return False
     try:
-        reply = _get_worker().ask({"op": "ping"}, timeout=120)
+        reply = _get_worker(kind).ask({"op": "ping"}, timeout=120)
         _devices = int(reply.get("devices", 0))
-        _available = _devices >= 1 and "error" not in reply
+        _available[kind] = _devices >= 1 and "error" not in reply
     except Exception:  # noqa: BLE001
-        _available = False
-    if not _available:
-        close()
-    return _available
+        _available[kind] = False
+    if not _available[kind]:
+        close(kind)
+    return _available[kind]
 
 
 def measure(jax_key, mesh_shape, sizes, nvshard_outputs=None, hlo: bool = False) -> dict:
@@ -199,11 +212,26 @@ def measure(jax_key, mesh_shape, sizes, nvshard_outputs=None, hlo: bool = False)
     return {"shardy": reply["shardy"], "gspmd": reply["gspmd"]}
 
 
-def close() -> None:
-    global _worker
-    if _worker is not None:
-        _worker.close()
-        _worker = None
+def time_passes(jax_key, mesh_shape, sizes, repeats: int = 3) -> dict:
+    """Seconds of the partitioners' passes on one program (bench_propagation.py):
+    {"gspmd": {"propagation_s", "partitioning_s", "prop_partition_s", "compile_s"},
+     "shardy": {"propagation_s", "xla_pass_s", "partitioning_s", "prop_partition_s", "compile_s"}}
+    or {"error": "..."}. How: _time_passes."""
+    if not available("passes"):
+        return {"error": "jax not available"}
+    request = {"op": "time_passes", "key": list(jax_key), "mesh": list(mesh_shape), "sizes": sizes,
+               "repeats": repeats}
+    try:
+        return _get_worker("passes").ask(request)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def close(kind: Optional[str] = None) -> None:
+    for k in [kind] if kind else list(_workers):
+        w = _workers.pop(k, None)
+        if w is not None:
+            w.close()
 
 
 import atexit  # noqa: E402
@@ -532,6 +560,41 @@ def collectives(text: str, n_devices: int) -> dict:
     return out
 
 
+# XLA's pass timers (hlo_pass_pipeline.cc at VLOG 1): "HLO pass NAME" when a
+# pass starts, "HLO pass: NAME time: ... (N us)" when it ends, and the HLO
+# verifier's runs in between as "Invariant checker ..." / "... done ...".
+_LOG_CLOCK = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?)\s")
+_PASS_START = re.compile(r"\]\s+HLO pass ([\w.\-]+)\s*$")
+_PASS_END = re.compile(r"\]\s+HLO pass: ([\w.\-]+) time: .*?\((\d+) us\)")
+
+
+def pass_seconds(log: str) -> dict:
+    """{pass: seconds} from XLA's pass timers, summed over a pass's runs, less
+    the verifier runs inside each: XLA checks the module after each pass that
+    changed it, which is no part of the pass's own work."""
+    out: dict = {}
+    verified = 0.0  # verifier seconds so far
+    check_from = None
+    started: dict = {}
+    for line in log.splitlines():
+        clock = _LOG_CLOCK.match(line)
+        if not clock:
+            continue
+        t = int(clock.group(1)) * 3600 + int(clock.group(2)) * 60 + float(clock.group(3))
+        if "Invariant checker done" in line:
+            if check_from is not None:
+                verified += (t - check_from) % 86400  # past midnight
+                check_from = None
+        elif "Invariant checker" in line:
+            check_from = t
+        elif (m := _PASS_END.search(line)):
+            inner = verified - started.pop(m.group(1), verified)
+            out[m.group(1)] = out.get(m.group(1), 0.0) + max(0.0, int(m.group(2)) / 1e6 - inner)
+        elif (m := _PASS_START.search(line)):
+            started[m.group(1)] = verified
+    return out
+
+
 # -- the worker side (jax) ----------------------------------------------------------------------
 
 
@@ -749,15 +812,16 @@ def _programs():
         return stack, [S(shape, bf16) for shape in shapes[:1] + shapes[1:] * layers], [inp] + specs * layers
 
     def build(key, sizes, names):
+        # An optional last element stacks that many blocks (tools/bench_propagation.py).
         kind = key[0]
         if kind == "triangle":
-            return triangle(key[1], bool(key[2]), sizes["TRI"], names)
+            return triangle(key[1], bool(key[2]), sizes["TRI"], names, *[int(k) for k in key[3:4]])
         if kind == "attention":
             return attention(key[1], sizes["ATTN"], names)
         if kind == "mlp":
-            return mlp(bool(key[1]), int(key[2]), int(key[3]), names)
+            return mlp(bool(key[1]), int(key[2]), int(key[3]), names, *[int(k) for k in key[4:5]])
         if kind == "transformer":
-            return transformer(bool(key[1]), sizes["TF"], names)
+            return transformer(bool(key[1]), sizes["TF"], names, *[int(k) for k in key[2:3]])
         raise ValueError(f"unknown program {key!r}")
 
     return build
@@ -855,11 +919,85 @@ def _compile(key, mesh_shape, sizes, shardy: bool, want_hlo: bool = False, expec
     return entry
 
 
+def _compile_logged(lowered) -> tuple:
+    """(compile wall seconds, pass_seconds) of one compile, XLA's log read from fd 2."""
+    import jax
+
+    jax.clear_caches()  # else jax hands back what it compiled before
+    with tempfile.TemporaryFile() as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            t0 = time.perf_counter()
+            # Any option (this one at its default) makes jax compile again
+            # rather than reuse the lowering's executable.
+            lowered.compile(compiler_options={"xla_embed_ir_in_executable": False})
+            wall = time.perf_counter() - t0
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return wall, pass_seconds(log.read().decode(errors="replace"))
+
+
+def _time_passes(key, mesh_shape, sizes, repeats: int) -> dict:
+    """GSPMD: its passes' timers over `repeats` compiles (min of each).
+    Shardy: sdy-propagation-pipeline run here, without the MLIR verifier as
+    XLA's Shardy pass runs it, on the module JAX lowers (CPU time, min of
+    `repeats`); and one compile for its XLA pass (import, propagation,
+    export, HLO conversions) and the partitioner after it."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jaxlib.mlir import ir, passmanager
+
+    names = _axis_names(key, mesh_shape)
+    n = math.prod(mesh_shape)
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        return dict(error=f"mesh {mesh_shape} needs {n} devices, jax has {len(devices)}")
+    mesh = Mesh(np.array(devices[:n]).reshape(mesh_shape), names)
+    fn, args, specs = _programs()(key, sizes, names)
+    out = dict(jax=jax.__version__, repeats=repeats)
+    for col, shardy, prop_pass in (("gspmd", False, "sharding-propagation"), ("shardy", True, "shardy-xla")):
+        jax.config.update("jax_use_shardy_partitioner", shardy)
+        lowered = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in specs)).lower(*args)
+        entry = {}
+        if shardy:
+            text = lowered.as_text()
+            cpu = []
+            with lowered.compiler_ir("stablehlo").context:
+                for _ in range(repeats):
+                    module = ir.Module.parse(text)
+                    pm = passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)")
+                    pm.enable_verifier(False)
+                    t0 = time.process_time()
+                    pm.run(module.operation)
+                    cpu.append(time.process_time() - t0)
+            entry["propagation_s"] = min(cpu)
+        runs = [_compile_logged(lowered) for _ in range(1 if shardy else repeats)]
+        missing = {prop_pass, "spmd-partitioning"} - set(runs[0][1])
+        if missing:
+            entry["error"] = f"no timer for {sorted(missing)} in XLA's log"
+            out[col] = entry
+            continue
+        entry["compile_s"] = min(wall for wall, _ in runs)
+        entry["xla_pass_s" if shardy else "propagation_s"] = min(p[prop_pass] for _, p in runs)
+        entry["partitioning_s"] = min(p["spmd-partitioning"] for _, p in runs)
+        entry["prop_partition_s"] = min(p[prop_pass] + p["spmd-partitioning"] for _, p in runs)
+        out[col] = entry
+    return out
+
+
 def _serve(request: dict) -> dict:
     import jax
 
     if request.get("op") == "ping":
         return dict(devices=len(jax.devices("cpu")), jax=jax.__version__)
+    if request.get("op") == "time_passes":
+        return _time_passes(tuple(request["key"]), tuple(request["mesh"]), request["sizes"],
+                            int(request.get("repeats", 3)))
     key, mesh, sizes = tuple(request["key"]), tuple(request["mesh"]), request["sizes"]
     expected = request.get("nvshard_outputs")
     out = {}
@@ -954,13 +1092,25 @@ ENTRY %main (p: f32[4,8]) -> f32[8,8] {
 _SELF_CHECK_BYTES = 128 + 384 + 192 + 32 + 256
 
 
+# A pass that runs 11.01 ms across midnight, 6 ms of it verifying.
+_SELF_CHECK_LOG = """I1203 23:59:59.990000   9 hlo_pass_pipeline.cc:181]   HLO pass sharding-propagation
+I1203 23:59:59.995000   9 hlo_pass_pipeline.cc:86]     Invariant checker hlo-verifier
+I1204 00:00:00.001000   9 hlo_pass_pipeline.cc:89]     Invariant checker done hlo-verifier
+I1204 00:00:00.001010   9 hlo_pass_pipeline.cc:176] HLO pass: sharding-propagation time: 11 ms (11010 us) (x)
+"""
+
+
 def self_check() -> None:
-    """The HLO reader against a module whose bytes are known (no jax needed)."""
+    """The HLO reader against a module whose bytes are known, and the pass
+    timer reader against a known log (no jax needed)."""
     got = collectives(_SELF_CHECK_HLO, 4)
     want_counts = {"allgather": 1, "allreduce": 1, "reduce_scatter": 1, "all_to_all": 1, "collective_permute": 1}
     if got["bytes"] != _SELF_CHECK_BYTES or got["collectives"] != want_counts:
         raise AssertionError(f"HLO reader: {got['bytes']} B {got['collectives']}, expected "
                              f"{_SELF_CHECK_BYTES} B {want_counts}")
+    timers = pass_seconds(_SELF_CHECK_LOG)
+    if set(timers) != {"sharding-propagation"} or abs(timers["sharding-propagation"] - 0.00501) > 1e-6:
+        raise AssertionError(f"pass timer reader: {timers}, expected sharding-propagation 5.01 ms")
 
 
 QUICK_SIZES = dict(TRI=dict(b=2, n=8, c=8), ATTN=dict(b=2, n=8, c=8, c_hidden=4, heads=2), MLP_H=16,
@@ -968,15 +1118,21 @@ QUICK_SIZES = dict(TRI=dict(b=2, n=8, c=8), ATTN=dict(b=2, n=8, c=8, c_hidden=4,
 
 
 def _quick() -> int:
-    """CI's smoke run: the HLO reader's self-check; with jax, one small program through both partitioners."""
+    """CI's smoke run: the readers' self-checks; with jax, one small program
+    through both partitioners, for bytes and for pass times."""
     self_check()
-    print(f"HLO reader: {_SELF_CHECK_BYTES} B per device on the self-check module, as expected")
+    print(f"HLO reader: {_SELF_CHECK_BYTES} B per device on the self-check module, as expected; "
+          "pass timer reader as expected")
     if not available():
         print("jax not installed: partitioners not run")
         return 0
-    reply = measure(("triangle", "outgoing", False), (1, 2, 2), QUICK_SIZES)
+    key = ("triangle", "outgoing", False)
+    reply = measure(key, (1, 2, 2), QUICK_SIZES)
     print(describe(reply, None))
-    return 1 if any("error" in reply[col] for col in ("shardy", "gspmd")) else 0
+    times = time_passes(key, (1, 2, 2), QUICK_SIZES, repeats=1)
+    print("pass times:", json.dumps(times))
+    failed = "error" in times or any("error" in times[col] for col in ("shardy", "gspmd"))
+    return 1 if failed or any("error" in reply[col] for col in ("shardy", "gspmd")) else 0
 
 
 if __name__ == "__main__":

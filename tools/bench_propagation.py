@@ -3,6 +3,7 @@ propagation + resharding decomposition, nvshard.preseg.pipeline.build_plan)
 on fusions from ~50 to ~10,000 exprs, with concrete input shapes.
 
     .venv/bin/python tools/bench_propagation.py [--max-exprs 10000] [--json bench-results/propagation.json]
+                                                [--no-jax] [--jax-row-budget 60]
                                                 [--profile N [--profile-family triangle]]
                                                 # cProfile build_plan (default) at ~N exprs
     .venv/bin/python tools/bench_propagation.py --quick   # CI's smoke run: ~100 exprs per family, no JSON
@@ -15,12 +16,25 @@ Reported: the minimum CPU time (time.process_time: on a shared machine the
 least disturbed run) of repeats of build_plan (default and legacy), the two
 passes of the default pipeline separately, and time per expr.
 
+With jax installed (the "bench" extra), tools/bench_jax.py's worker then
+times the same programs in JAX (same shapes, dtypes and input shardings),
+after all nvshard rows so XLA's compiles never disturb them. GSPMD: XLA's
+own pass timers (TF_CPP_VMODULE=hlo_pass_pipeline=1; wall time, the only
+clock they have) of sharding-propagation and spmd-partitioning, less the HLO
+verifier runs inside them, min over repeated compiles. Shardy:
+sdy-propagation-pipeline run through MLIR's pass manager on the module JAX
+lowers, as XLA's Shardy pass runs it (CPU time, min of repeats). The JSON
+also holds, as sanity checks, the whole compile time and XLA's Shardy pass
+with its HLO <-> MLIR conversions (one compile). A row whose JAX timing
+would take more than --jax-row-budget seconds (estimated from the family's
+previous size) goes without.
+
 Targets: the propagation pass no slower than XLA's GSPMD propagation, and
 the whole plan no slower than GSPMD's propagation + partitioning, on the
 triangle update and at 10,000 exprs; time per expr within 2x from 100 to
-10,000 exprs. jax is not installed here, so the GSPMD figures are the ones
-measured with JAX 0.10.2 on this 2-core machine for the same programs
-(GSPMD_REFERENCE_MS), not figures of this run.
+10,000 exprs. The GSPMD figures are this run's where jax is installed;
+otherwise (and for rows without JAX timings) the ones measured with JAX
+0.10.2 on this 2-core machine (GSPMD_REFERENCE_MS), labelled as such.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -50,11 +65,27 @@ from nvshard.preseg.propagate_shardings import PropagateShardingsPass  # noqa: E
 from nvshard import models  # noqa: E402
 from nvshard.models import Direction  # noqa: E402
 
+import bench_jax  # noqa: E402  (imports jax only in its worker process)
+
 P = nvfuser.ParallelType
 
 # GSPMD on the same programs (JAX 0.10.2, CPU host devices, 2 cores, min of repeats):
-# (propagation, propagation + partitioning) in ms.
+# (propagation, propagation + partitioning) in ms. Used where jax is missing.
 GSPMD_REFERENCE_MS = {"triangle update": (1.0, 2.1), "MLP SP": (122.0, 247.0), "triangle": (221.0, 479.0)}
+
+# Program sizes, shared by the nvshard generators and their JAX ports.
+TRI = dict(b=2, n=64, c=128)
+TF = dict(b=1, s=2048, heads=16, e=1024)
+MLP_T, MLP_H = 8192, 1024
+JAX_SIZES = dict(TRI=TRI, TF=TF)
+# (bench_jax program key for n layers, mesh shape) per family; None: one triangle update.
+JAX_PROGRAMS = {
+    None: (lambda n: ("triangle", "outgoing", 0), (1, 2, 2)),
+    "transformer TP": (lambda n: ("transformer", 0, n), (4,)),
+    "transformer SP": (lambda n: ("transformer", 1, n), (4,)),
+    "MLP SP": (lambda n: ("mlp", 1, MLP_T, MLP_H, n), (4,)),
+    "triangle": (lambda n: ("triangle", "outgoing", 0, n), (1, 2, 2)),
+}
 
 
 def mesh_of(shape):
@@ -68,7 +99,7 @@ def mesh_of(shape):
 
 
 def triangle_single():
-    b, n, c = 2, 64, 128
+    b, n, c = TRI["b"], TRI["n"], TRI["c"]
     with FusionDefinition() as fd:
         inputs, _ = models.triangle_update(fd, Direction.OUTGOING, c, DataType.Float)
         models.annotate_triangle(inputs, mesh_of((1, 2, 2)), 1, 2)
@@ -81,7 +112,8 @@ def _split(tv, axis, d):
     tv.axis(axis).parallelize(P.mesh_x)
 
 
-def transformer_stack(layers: int, sequence_parallel: bool, b=1, s=2048, heads=16, e=1024, d=4):
+def transformer_stack(layers: int, sequence_parallel: bool, b=TF["b"], s=TF["s"], heads=TF["heads"], e=TF["e"],
+                      d=4):
     """`layers` GPT blocks as upstream's test_transformer_forward defines one,
     the output of each feeding the next."""
     bf16 = DataType.BFloat16
@@ -131,7 +163,7 @@ def transformer_stack(layers: int, sequence_parallel: bool, b=1, s=2048, heads=1
     return fd, shapes
 
 
-def mlp_stack(layers: int, t=8192, h=1024, d=4):
+def mlp_stack(layers: int, t=MLP_T, h=MLP_H, d=4):
     """Residual SP MLP blocks: x = x + down(gelu(up(x)))."""
     mesh = mesh_of((d,))
     with FusionDefinition() as fd:
@@ -154,7 +186,7 @@ def mlp_stack(layers: int, t=8192, h=1024, d=4):
     return fd, shapes
 
 
-def triangle_stack(layers: int, b=2, n=64, c=128):
+def triangle_stack(layers: int, b=TRI["b"], n=TRI["n"], c=TRI["c"]):
     """Outgoing triangle-update blocks, each block's output the next one's z."""
     mesh = mesh_of((1, 2, 2))
     with FusionDefinition() as fd:
@@ -238,6 +270,10 @@ def repeats_for(n_exprs: int) -> int:
     return 15 if n_exprs <= 200 else 5 if n_exprs <= 2000 else 3
 
 
+def jax_repeats_for(n_exprs: int) -> int:
+    return 5 if n_exprs <= 2000 else 3  # whole XLA compiles: seconds each at 10,000 exprs
+
+
 def profile(fusion, shapes, top: int = 25) -> str:
     pr = cProfile.Profile()
     pr.enable()
@@ -260,6 +296,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=240.0,
                         help="seconds; larger programs are skipped once a family's next size would exceed it")
     parser.add_argument("--quick", action="store_true", help="programs up to ~100 exprs, no JSON (a smoke run)")
+    parser.add_argument("--no-jax", action="store_true", help="leave out the GSPMD and Shardy timings")
+    parser.add_argument("--jax-row-budget", type=float, default=60.0,
+                        help="seconds; a program's JAX timing is skipped when estimated to take longer")
     args = parser.parse_args(argv)
     if args.quick:
         args.max_exprs = 100
@@ -274,10 +313,11 @@ def main(argv=None) -> int:
         print(profile(fd.fusion, shapes))
         return 0
 
-    rows = []
+    rows, jax_programs = [], []  # jax_programs: (row, family, layers)
     start = time.perf_counter()
     fd, shapes = triangle_single()
     rows.append(_measure("triangle update (1 block, 1x2x2)", fd, shapes))
+    jax_programs.append((rows[-1], None, 1))
     targets = [t for t in (100, 300, 1000, 3000, 10000) if t <= args.max_exprs]
     for family in [f.strip() for f in args.families.split(",") if f.strip()]:
         last = None
@@ -292,6 +332,10 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             rows.append(_measure(f"{family} x{n}", fd, shapes))
             last = (len(fd.fusion.exprs), time.perf_counter() - t0)
+            jax_programs.append((rows[-1], family, n))
+    # JAX after every nvshard row: its compiles (several threads) neither
+    # share the CPU with nvshard's timings nor count against --budget.
+    jax_errors = 0 if args.no_jax else time_jax(jax_programs, args)
     elapsed = time.perf_counter() - start
     print()
     print(render(rows))
@@ -303,7 +347,40 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(dict(rows=rows, seconds=elapsed), f, indent=1)
         print(f"wrote {args.json}")
-    return 0
+    return 1 if args.quick and jax_errors else 0
+
+
+def time_jax(programs, args) -> int:
+    """Adds each row's GSPMD and Shardy timings ("jax"); returns the number that failed."""
+    if not bench_jax.available("passes"):
+        print("jax not installed: no GSPMD/Shardy timings in this run", file=sys.stderr)
+        return 0
+    errors = 0
+    last = {}  # family -> (exprs, seconds) of its previous JAX timing
+    for row, family, n in programs:
+        if family in last:
+            est = last[family][1] * (row["exprs"] / last[family][0]) ** 1.5  # XLA's compiles grow faster
+            if est > args.jax_row_budget:
+                print(f"  no JAX timing for {row['program']}: ~{est:.0f} s", file=sys.stderr)
+                row["jax"] = dict(skipped=f"~{est:.0f} s estimated")
+                continue
+        key, mesh = JAX_PROGRAMS[family]
+        t0 = time.perf_counter()
+        reply = bench_jax.time_passes(key(n), mesh, JAX_SIZES, 1 if args.quick else jax_repeats_for(row["exprs"]))
+        last[family] = (row["exprs"], time.perf_counter() - t0)
+        row["jax"] = reply
+        failed = [e["error"] for e in (reply, reply.get("gspmd", {}), reply.get("shardy", {})) if "error" in e]
+        if failed:
+            errors += 1
+            print(f"  {row['program']}: JAX timing failed: {failed[0]}", file=sys.stderr, flush=True)
+            continue
+        g, sh = reply["gspmd"], reply["shardy"]
+        print(f"  {row['program']}: GSPMD propagation {g['propagation_s'] * 1e3:.1f} ms, + partitioning "
+              f"{g['prop_partition_s'] * 1e3:.1f} ms (compile {g['compile_s']:.1f} s); Shardy propagation "
+              f"{sh['propagation_s'] * 1e3:.1f} ms (XLA's Shardy pass {sh['xla_pass_s'] * 1e3:.1f} ms); "
+              f"{last[family][1]:.0f} s", file=sys.stderr, flush=True)
+    bench_jax.close()
+    return errors
 
 
 def _measure(name, fd, shapes) -> dict:
@@ -319,28 +396,64 @@ def _measure(name, fd, shapes) -> dict:
     return row
 
 
+def measured(row):
+    """(GSPMD propagation, GSPMD prop + partitioning, Shardy propagation) in ms
+    from this run, or None."""
+    j = row.get("jax", {})
+    g, sh = j.get("gspmd", {}), j.get("shardy", {})
+    if "propagation_s" not in g or "prop_partition_s" not in g or "propagation_s" not in sh:
+        return None
+    return g["propagation_s"] * 1e3, g["prop_partition_s"] * 1e3, sh["propagation_s"] * 1e3
+
+
 def render(rows) -> str:
-    lines = ["| program | exprs | build_plan default (ms) | propagate (ms) | decompose (ms) | µs / expr | "
-             "build_plan legacy (ms) |", "|---|---|---|---|---|---|---|"]
+    head = ("| program | exprs | build_plan default (ms) | propagate (ms) | decompose (ms) | µs / expr | "
+            "build_plan legacy (ms) |")
+    jax_cols = any("jax" in r for r in rows)
+    if jax_cols:
+        head += " GSPMD prop (ms) | GSPMD prop+part (ms) | Shardy prop (ms) |"
+    lines = [head, "|---" * head.count(" | ") + "|---|"]
     for r in rows:
-        lines.append(f"| {r['program']} | {r['exprs']} | {r['build_plan_s'] * 1e3:.1f} | {r['propagate_s'] * 1e3:.1f} | "
-                     f"{r['decompose_s'] * 1e3:.1f} | {r['us_per_expr']:.0f} | {r['legacy_build_plan_s'] * 1e3:.1f} |")
+        line = (f"| {r['program']} | {r['exprs']} | {r['build_plan_s'] * 1e3:.1f} | {r['propagate_s'] * 1e3:.1f} | "
+                f"{r['decompose_s'] * 1e3:.1f} | {r['us_per_expr']:.0f} | {r['legacy_build_plan_s'] * 1e3:.1f} |")
+        if jax_cols:
+            m = measured(r)
+            line += " %.1f | %.1f | %.1f |" % m if m else " - | - | - |"
+        lines.append(line)
     return "\n".join(lines)
 
 
 def verdict(rows) -> str:
-    out = ["Targets (GSPMD figures: GSPMD_REFERENCE_MS, not measured in this run):"]
-    tri = rows[0]
-    prop, full = GSPMD_REFERENCE_MS["triangle update"]
-    out.append(f"  triangle update: propagation {tri['propagate_s'] * 1e3:.1f} ms vs GSPMD {prop} ms; "
-               f"full plan {tri['build_plan_s'] * 1e3:.1f} ms vs GSPMD prop+partition {full} ms")
     big = [r for r in rows[1:] if r["exprs"] >= 9000]
-    for r in big:
-        family = r["program"].rsplit(" x", 1)[0]
+    jax_rows = [r for r in [rows[0]] + big if measured(r)]
+
+    def line(name, r, family, fmt):
+        m = measured(r)
         ref = GSPMD_REFERENCE_MS.get(family)
-        vs = (f" vs GSPMD {ref[0]:.0f} ms; full plan {r['build_plan_s'] * 1e3:.0f} ms vs GSPMD {ref[1]:.0f} ms"
-              if ref else f"; full plan {r['build_plan_s'] * 1e3:.0f} ms")
-        out.append(f"  {r['program']} ({r['exprs']} exprs): propagation {r['propagate_s'] * 1e3:.0f} ms{vs}")
+        prop, full = (m[0], m[1]) if m else ref if ref else (None, None)
+        head = f"  {name}: propagation {r['propagate_s'] * 1e3:{fmt}} ms"
+        plan = f"full plan {r['build_plan_s'] * 1e3:{fmt}} ms"
+        if prop is None:
+            skipped = r.get("jax", {}).get("skipped")
+            why = f": JAX timing skipped, {skipped} > --jax-row-budget" if skipped else ""
+            return f"{head}; {plan} (no GSPMD figure{why})"
+        mark = " [reference]" if jax_rows and not m else ""
+        shardy = f" (Shardy {m[2]:{fmt}} ms)" if m else ""
+        met = ["met" if ours * 1e3 <= theirs else "missed"
+               for ours, theirs in ((r["propagate_s"], prop), (r["build_plan_s"], full))]
+        return (f"{head} vs GSPMD {prop:{fmt}} ms{shardy}{mark} -> {met[0]}; "
+                f"{plan} vs GSPMD prop+partition {full:{fmt}} ms{mark} -> {met[1]}")
+
+    if jax_rows:
+        version = jax_rows[0]["jax"].get("jax", "?")
+        out = [f"Targets (GSPMD and Shardy measured in this run, JAX {version}; "
+               "[reference]: GSPMD_REFERENCE_MS, not measured in this run):"]
+    else:
+        out = ["Targets (GSPMD figures: GSPMD_REFERENCE_MS, JAX 0.10.2 on this machine earlier, "
+               "not measured in this run):"]
+    out.append(line("triangle update", rows[0], "triangle update", ".1f"))
+    for r in big:
+        out.append(line(f"{r['program']} ({r['exprs']} exprs)", r, r["program"].rsplit(" x", 1)[0], ".0f"))
     if not big:
         out.append("  10,000 exprs: not measured (budget)")
     families = {}
