@@ -470,6 +470,7 @@ class Expr:
         self._sized_rules = None
         self._tv_inputs = None
         self._tv_outputs = None
+        self.broadcast_axes = None  # (input, axis) pairs, set by ops.common.collapse_broadcasts
         self.origin = self  # the user's expr this one was rewired from
 
     def rewired(self, inputs: list, outputs: list) -> "Expr":

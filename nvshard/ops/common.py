@@ -166,13 +166,18 @@ def upcast(t, dtype: DataType):
 def collapse_broadcasts(expr, args: list) -> list:
     """Expanded broadcast axes back to extent 1, so operands broadcast in
     torch even where an expanded extent differs from the result's."""
-    out = []
-    for v, a in zip(expr.inputs, args):
-        if isinstance(v, TensorView) and isinstance(a, torch.Tensor):
-            for d, id_ in enumerate(logical_shape(v)):
-                if id_.is_broadcast() and a.shape[d] != 1:
-                    a = a.narrow(d, 0, 1)
-        out.append(a)
+    axes = expr.broadcast_axes
+    if axes is None:  # fixed per expr; the executor asks every step
+        axes = expr.broadcast_axes = [
+            (i, d) for i, v in enumerate(expr.inputs) if isinstance(v, TensorView)
+            for d, id_ in enumerate(logical_shape(v)) if id_.is_broadcast()]
+    if not axes:
+        return args
+    out = list(args)
+    for i, d in axes:
+        a = out[i]
+        if isinstance(a, torch.Tensor) and a.shape[d] != 1:
+            out[i] = a.narrow(d, 0, 1)
     return out
 
 
