@@ -43,8 +43,8 @@ import itertools
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..ops.registry import FactorKind
-from .conflicts import ConflictResolver
 from .classes import PassThroughClasses
+from .conflicts import ConflictResolver
 from .cost import CostModel
 from .log import DecisionLog
 from .program import Program, TvState
@@ -487,7 +487,7 @@ class Engine:
         decided, links, meshes, home = self.decided, self.classes.links, self.mesh, self.home
         changed = set()
         while frontier:
-            arriving: dict = {}  # tv -> {axis: [(Decision, mesh, source tv, Link)]}
+            arriving: dict = {}  # tv -> {axis: [(Decision, mesh, source tv, (direction, expr, factor names))]}
             for tv, axis in frontier:
                 d = decided[tv][axis]
                 mesh = meshes[tv]
