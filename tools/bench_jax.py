@@ -851,17 +851,14 @@ def _compile(key, mesh_shape, sizes, shardy: bool, want_hlo: bool = False, expec
     import tempfile
 
     import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
 
     jax.config.update("jax_use_shardy_partitioner", shardy)
-    names = _axis_names(key, mesh_shape)
-    n = math.prod(mesh_shape)
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        return dict(error=f"mesh {mesh_shape} needs {n} devices, jax has {len(devices)}")
-    mesh = Mesh(np.array(devices[:n]).reshape(mesh_shape), names)
-    fn, args, specs = _programs()(key, sizes, names)
+    try:
+        mesh, fn, args, specs = _mesh_and_program(key, mesh_shape, sizes)
+    except _TooFewDevices as e:
+        return dict(error=str(e))
+    n = mesh.size
     expected = None
     if expected_outputs is not None:
         from jax.sharding import PartitionSpec as P
@@ -919,6 +916,25 @@ def _compile(key, mesh_shape, sizes, shardy: bool, want_hlo: bool = False, expec
     return entry
 
 
+class _TooFewDevices(Exception):
+    pass
+
+
+def _mesh_and_program(key, mesh_shape, sizes) -> tuple:
+    """(jax Mesh over the first host devices, fn, argument shapes, input specs)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    names = _axis_names(key, mesh_shape)
+    n = math.prod(mesh_shape)
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise _TooFewDevices(f"mesh {mesh_shape} needs {n} devices, jax has {len(devices)}")
+    mesh = Mesh(np.array(devices[:n]).reshape(mesh_shape), names)
+    return (mesh, *_programs()(key, sizes, names))
+
+
 def _compile_logged(lowered) -> tuple:
     """(compile wall seconds, pass_seconds) of one compile, XLA's log read from fd 2."""
     import jax
@@ -948,17 +964,13 @@ def _time_passes(key, mesh_shape, sizes, repeats: int) -> dict:
     `repeats`); and one compile for its XLA pass (import, propagation,
     export, HLO conversions) and the partitioner after it."""
     import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jaxlib.mlir import ir, passmanager
 
-    names = _axis_names(key, mesh_shape)
-    n = math.prod(mesh_shape)
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        return dict(error=f"mesh {mesh_shape} needs {n} devices, jax has {len(devices)}")
-    mesh = Mesh(np.array(devices[:n]).reshape(mesh_shape), names)
-    fn, args, specs = _programs()(key, sizes, names)
+    try:
+        mesh, fn, args, specs = _mesh_and_program(key, mesh_shape, sizes)
+    except _TooFewDevices as e:
+        return dict(error=str(e))
     out = dict(jax=jax.__version__, repeats=repeats)
     for col, shardy, prop_pass in (("gspmd", False, "sharding-propagation"), ("shardy", True, "shardy-xla")):
         jax.config.update("jax_use_shardy_partitioner", shardy)
