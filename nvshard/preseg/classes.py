@@ -43,11 +43,12 @@ _DIRECTION = {(a, b): Direction.between(a, b) for a in Role for b in Role}
 
 class PassThroughClasses:
     def __init__(self, program, frozen: set, home: dict):
+        """program None: no links (every decision travels by proposals)."""
         self.links: dict = {}  # (tv, axis) -> [Link]
         self.linked_positions: dict = {}  # expr -> positions in axis_factors(expr) that are linked
         self.internal: set = set()  # exprs whose every axis is linked: they never propose
         self._parent: dict = {}
-        for e in program.exprs:
+        for e in program.exprs if program is not None else ():
             if e.tv_outputs:
                 self._link_expr(e, program.rule(e), frozen, home)
 

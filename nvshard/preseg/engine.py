@@ -54,7 +54,9 @@ from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Propos
 
 
 class Engine:
-    def __init__(self, program: Program, cost: CostModel, log: DecisionLog):
+    def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True):
+        """spread_classes=False: every decision travels by proposals alone (the
+        reference the class spread is tested against)."""
         self.p = program
         self.cost = cost
         self.log = log
@@ -81,7 +83,7 @@ class Engine:
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
         self._seed()
-        self.classes = PassThroughClasses(program, self.frozen, self.home)
+        self.classes = PassThroughClasses(program if spread_classes else None, self.frozen, self.home)
 
     # -- setup ------------------------------------------------------------------------
     def _exprs_of(self, tv):
