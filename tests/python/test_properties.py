@@ -24,13 +24,11 @@ directory, not in the source tree.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import tempfile
 
 import pytest
 import torch
-from hypothesis import HealthCheck, configuration, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import note as _note
 
 import nvshard
@@ -46,8 +44,6 @@ LARGE_PROPAGATION_EXAMPLES = 200
 EXECUTION_EXAMPLES = 400
 SYMBOLIC_EXECUTION_EXAMPLES = 200
 LEGACY_EXECUTION_EXAMPLES = 150
-
-configuration.set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "nvshard-hypothesis"))
 
 SETTINGS = dict(derandomize=True, deadline=None, database=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
