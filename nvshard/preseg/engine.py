@@ -537,41 +537,18 @@ class Engine:
         return True
 
     def _offer(self, tv, per_axis: dict) -> list:
-        """The arriving layouts as choices beside tv's other proposals: those
-        nothing competes with are decided, the rest are left as proposals.
-        Returns the axes decided."""
-        arriving = []
-        for axis in sorted(per_axis):
-            merged: dict = {}
-            for d, mesh, src, (direction, expr, names) in per_axis[axis]:
-                mesh_axes, key = self._layout_facts(d.digits)
-                m = merged.get((key, mesh))
-                if m is None:
-                    m = merged[(key, mesh)] = Choice(axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, False,
-                                                     mesh_axes=mesh_axes)
-                m.priority = min(m.priority, d.priority)
-                m.sources.append(Proposal(tv, axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, expr,
-                                          names, src, direction, False, mesh_axes, key))
-            arriving += merged.values()
-        existing = self.current_choices(tv)
-        used = self.used(tv, reduction=False)
-        taken, proposed = [], []
-        for m in arriving:
-            key = layout.key(m.digits)
-            same = [o for o in existing if o.axis == m.axis and o.mesh == m.mesh and layout.key(o.digits) == key]
-            rivals = [o for o in existing if o not in same] + [o for o in arriving if o is not m]
-            if used.isdisjoint(m.mesh_axes) and not any(compete(m, o) for o in rivals):
-                for o in same:  # the same layout, also proposed through other exprs
-                    m.priority = min(m.priority, o.priority)
-                    m.sources.extend(o.sources)
-                taken.append(m)
-            else:
-                proposed.append(m)
+        """The arriving layouts as proposals beside tv's others, classified
+        as any proposals are: the easy choices they make up are decided, the
+        rest stay proposals. Returns the axes decided."""
+        arriving = [Proposal(tv, axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, expr, names, src, direction,
+                             False, *self._layout_facts(d.digits))
+                    for axis in sorted(per_axis) for d, mesh, src, (direction, expr, names) in per_axis[axis]]
+        self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(arriving)
+        self._invalidate(tv)
+        easy, _ = self.classify(tv)
+        taken = [m for m in easy if any(p in arriving for p in m.sources)]
         for m in taken:
             self._decide(tv, m, "")
-        if proposed:
-            self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(p for m in proposed for p in m.sources)
-            self._invalidate(tv)
         return [(tv, m.axis) for m in taken]
 
     def _apply_easy(self, items: list) -> None:
