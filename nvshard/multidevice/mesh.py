@@ -40,6 +40,7 @@ class DeviceMesh:
         self._coords = {dev: idx for dev, idx in zip(flat, itertools.product(*[range(s) for s in tensor.shape]))}
         self._shape = tuple(int(s) for s in tensor.shape)
         self._groups: dict = {}
+        self._text = None  # repr, made when first asked for (logs and orderings ask often)
         self._hash = hash((self._shape, tuple(flat)))
         names = layout.MESH_AXES[: tensor.dim()][::-1]
         self._sizes = {name: int(tensor.shape[i]) for i, name in enumerate(names)}  # read-only
@@ -148,6 +149,11 @@ class DeviceMesh:
         return self._hash
 
     def __repr__(self) -> str:
+        if self._text is None:
+            self._text = self._format()
+        return self._text
+
+    def _format(self) -> str:
         strides = list(self.shape)
         for i in range(len(strides) - 2, -1, -1):
             strides[i] *= strides[i + 1]

@@ -51,11 +51,12 @@ class ConflictResolver:
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
         candidates, pool = self._candidates(tv)
+        around = self._around(tv)
         scored = []
         for choices in candidates:
             dropped = [m for m in pool if m not in choices]
             scored.append(Scored(
-                choices, self._cost(tv, choices), min((m.priority for m in dropped), default=float("inf")),
+                choices, self._cost(tv, choices, around), min((m.priority for m in dropped), default=float("inf")),
                 sum(1 for m in choices if any(p.direction is Direction.FORWARD for p in m.sources)),
                 tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in choices))))
         scored.sort(key=Scored.key)
@@ -73,7 +74,8 @@ class ConflictResolver:
         wants the shard annotates the output, and gets the reduce-scatter)."""
         whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
         options = [[pending], [whole]]
-        costs = [self._cost(tv, c) for c in options]
+        around = self._around(tv)
+        costs = [self._cost(tv, c, around) for c in options]
         best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
         if best == 0:
             return options[0], ""
@@ -109,27 +111,37 @@ class ConflictResolver:
                 maximal.append(c)
         return maximal, pool
 
-    def _cost(self, tv, chosen: list) -> Cost:
+    def _around(self, tv) -> list:
+        """What a candidate's cost depends on besides the candidate, per expr
+        adjacent to tv (the same for every candidate): [(expr, the other
+        tensors' (layouts, mesh), their sharing)]."""
+        engine = self.engine
+        around = []
+        for e in engine.adjacent.get(tv, []):
+            others = {}
+            for t in e.tv_inputs + e.tv_outputs:
+                if t is not tv and t not in others:
+                    others[t] = ([d.digits if d is not None else None for d in engine.decided[t]], engine.mesh[t])
+            around.append((e, others, {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}))
+        return around
+
+    def _cost(self, tv, chosen: list, around: list) -> Cost:
         """Bytes the exprs around tv would move with `chosen` applied."""
         engine = self.engine
         mesh = engine.mesh[tv] or next((m.mesh for m in chosen if m.mesh is not None), None)
-        override = {m.axis: m.digits for m in chosen}
+        layouts = [d.digits if d is not None else None for d in engine.decided[tv]]
+        for m in chosen:
+            layouts[m.axis] = m.digits
+        own = TvState(mesh, layouts)
         total = Cost(symbolic=self.cost.symbolic)
-        for e in engine.adjacent.get(tv, []):
-            states, options = {}, {}
-            for t in e.tv_inputs + e.tv_outputs:
-                layouts = [d.digits if d is not None else None for d in engine.decided[t]]
-                t_mesh = engine.mesh[t]
-                if t is tv:
-                    for a, digits in override.items():
-                        layouts[a] = digits
-                    t_mesh = mesh
-                states[t] = TvState(t_mesh if t_mesh is not None else mesh, layouts)
+        for e, others, shared in around:
+            states, options = {tv: own}, {}
+            for t, (t_layouts, t_mesh) in others.items():
+                states[t] = TvState(t_mesh if t_mesh is not None else mesh, t_layouts)
             for o in e.tv_outputs:
-                for k in range(len(o.logical)):
-                    if states[o].layouts[k] is None:
+                for k, d in enumerate(states[o].layouts):
+                    if d is None:
                         options[(o, k)] = self._options(o, k, e, tv, chosen, states)
-            shared = {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}
             total = total + self.cost.expr_cost(e, states, options, shared)
         return total
 

@@ -129,11 +129,12 @@ class CostModel:
         key = self._key
         for t, sig in zip(tensors, sigs):
             state = states[t]
-            parts.append((sig, state.mesh, tuple(None if d is None else key(d) for d in state.layouts)))
+            # key(()) is (); an open axis (None) stays None
+            parts.append((sig, state.mesh, tuple([key(d) if d else d for d in state.layouts])))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
-                    parts.append((first[o], k, tuple(self._key(x) for x in options.get((o, k), [()]))))
+                    parts.append((first[o], k, tuple([key(x) for x in options.get((o, k), [()])])))
         if shared:
             for t in expr.tv_inputs:
                 if t in shared:

@@ -31,18 +31,11 @@ class DecisionLog:
             self.entries.append((tv, text))
 
     def conflict(self, tv, scored: list, winner: list, reason: str) -> None:
-        # Formatted now: the candidates' choices may still be merged (and change) after this.
-        lines = [f"conflict at {tv.short_name()} ({len(scored)} candidates):"]
-        for i, (cand, cost) in enumerate(scored):
-            mark = "->" if cand is winner else "  "
-            parts = ", ".join(
-                f"{'pending' if tv.logical[m.axis].is_reduction() else 'axis'} {m.axis}: "
-                f"{layout.describe(m.digits) if m.digits else 'replicated'} (p{m.priority})"
-                for m in sorted(cand, key=lambda m: m.axis)
-            )
-            lines.append(f"  {mark} candidate {chr(65 + i)} {{{parts}}} costs {cost.describe()}")
-        lines.append(f"  winner: candidate A because {reason}")
-        self.entries.append((tv, LoggedConflict(tv, len(scored), reason, "\n".join(lines))))
+        # The candidates' choices may still be merged (and change) after this:
+        # keep what the text needs as plain values, formatted when read.
+        candidates = tuple((cand is winner, tuple(sorted((m.axis, m.digits, m.priority) for m in cand)), cost)
+                           for cand, cost in scored)
+        self.entries.append((tv, LoggedConflict(tv, len(scored), reason, candidates)))
 
     def explain(self, tv) -> list[str]:
         return [_text(entry) for t, entry in self.entries if t is tv]
@@ -85,10 +78,20 @@ class LoggedConflict(NamedTuple):
     tv: Any
     candidates: int
     reason: str
-    formatted: str  # every candidate with its cost, as the log prints it
+    scored: tuple  # (won, ((axis, layout, priority), ...), Cost) per candidate, best first
 
     def text(self) -> str:
-        return self.formatted
+        """Every candidate with its cost, as the log prints it."""
+        tv = self.tv
+        lines = [f"conflict at {tv.short_name()} ({self.candidates} candidates):"]
+        for i, (won, choices, cost) in enumerate(self.scored):
+            parts = ", ".join(
+                f"{'pending' if tv.logical[axis].is_reduction() else 'axis'} {axis}: "
+                f"{layout.describe(digits) if digits else 'replicated'} (p{priority})"
+                for axis, digits, priority in choices)
+            lines.append(f"  {'->' if won else '  '} candidate {chr(65 + i)} {{{parts}}} costs {cost.describe()}")
+        lines.append(f"  winner: candidate A because {self.reason}")
+        return "\n".join(lines)
 
 
 def _axis_name(tv, axis: int) -> str:
