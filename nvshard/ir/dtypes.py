@@ -43,7 +43,9 @@ class DataType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
+        if self.torch_dtype is None:
+            raise TypeError(f"{self!r} has no item size")
+        return self.torch_dtype.itemsize
 
     @staticmethod
     def from_torch(dtype: torch.dtype) -> "DataType":

@@ -19,6 +19,7 @@ class SizeEvaluator:
         self.bindings: dict = {}
         self.scalars: dict = dict(scalar_values or {})
         self._checks = []
+        self._evaluated: dict = {}  # id(Size) -> (Size, value)
         inputs = fusion.inputs()
         if len(global_shapes) != len(inputs):
             raise NvShardError(f"expected {len(inputs)} input shapes, got {len(global_shapes)}")
@@ -67,12 +68,18 @@ class SizeEvaluator:
 
     # -- queries used by ops (through EvalContext) and the cost model -------------
     def evaluate_size(self, size: Size) -> int:
+        # Every cost and reshard plan asks for extents: remembered per Size
+        # object (the entry keeps it alive, so its id is not reused).
+        known = self._evaluated.get(id(size))
+        if known is not None:
+            return known[1]
         c = Size.of(size).canonical()
         value = c.coef
         for s in c.syms:
             value *= self.sym_value(s)
         if value.denominator != 1:
             raise NvShardError(f"extent {size} is not a whole number ({value})")
+        self._evaluated[id(size)] = (size, int(value))
         return int(value)
 
     def sym_value(self, sym: Sym) -> int:

@@ -34,11 +34,11 @@ class Link(NamedTuple):
     role: Role
 
     def ends(self, tv):
-        """(other axis, direction) pairs, for a decision on tv's axis."""
-        return [(m, _DIRECTION[self.role, m.role]) for m in self.members if m.tv is not tv]
-
-
-_DIRECTION = {(a, b): Direction.between(a, b) for a in Role for b in Role}
+        """(other axis, direction) pairs, for a decision on tv's axis
+        (Direction.between, unrolled: the spread asks for every link)."""
+        role = self.role
+        across = Direction.FORWARD if role is Role.OPERAND else Direction.BACKWARD
+        return [(m, Direction.SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
 
 
 class PassThroughClasses:

@@ -76,6 +76,7 @@ class Engine:
         self._conflict_heap: list = []
         self._heap_counter = 0
         self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
+        self._reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
         self._used_cache: dict = {}
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self._open_to: dict = {}  # expr -> its axes that are not annotated
@@ -224,9 +225,9 @@ class Engine:
         used = self._used_cache.get(key)
         if used is None:
             used = set()
-            for id_, d in zip(tv.logical, self.decided[tv]):
-                if d is not None and d.digits and id_.is_reduction() == reduction:
-                    used.update(layout.mesh_axes_of(d.digits))
+            for is_reduction, d in zip(self._reduction_axes[tv], self.decided[tv]):
+                if d is not None and d.digits and is_reduction == reduction:
+                    used |= self._layout_facts(d.digits)[0]
             self._used_cache[key] = used
         return used
 
@@ -472,7 +473,7 @@ class Engine:
         if self.mesh[tv] is None and mesh is not None:
             self.mesh[tv] = mesh
         self.decided[tv][axis] = decision
-        self._used_cache.pop((tv, tv.logical[axis].is_reduction()), None)
+        self._used_cache.pop((tv, self._reduction_axes[tv][axis]), None)
         self.log.decide(tv, axis, digits, decision.source, decision.priority, decision.stage.describe(), reason)
         if tv in self._classes or tv in self.by_target:
             self._invalidate(tv)
