@@ -6,6 +6,10 @@ nvfuser_direct.
 
 from __future__ import annotations
 
+from . import native
+
+native.install()  # before any compiled module is imported: the source wins when a build is stale
+
 from . import multidevice
 from .frontend.fusion_definition import FusionDefinition, ops
 from .ir.dtypes import DataType

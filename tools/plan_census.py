@@ -3,7 +3,7 @@ versions of the engine can be compared by the bytes their plans move.
 
     .venv/bin/python tools/plan_census.py record OUT.json [--examples 3000] [--seed 0] [--jobs 2]
     .venv/bin/python tools/plan_census.py diff BASE.json NEW.json
-    .venv/bin/python tools/plan_census.py --quick   # CI's smoke run: two 40-program censuses agree
+    .venv/bin/python tools/plan_census.py --quick   # CI's smoke run: compiled and Python engines agree
 
 record plans (nvshard.propagate_shardings(fd, shapes, propagation="default"),
 as tests/python/test_properties.py does) for
@@ -45,6 +45,7 @@ from hypothesis import HealthCheck, Phase, configuration, given, seed as hseed, 
 from tqdm import tqdm  # noqa: E402
 
 import nvshard  # noqa: E402
+from nvshard import native  # noqa: E402
 from fusion_strategies import fusions, normalize  # noqa: E402
 
 # test_properties' propagation tests: (name, weight, strategy); weights are its example counts 1000:400:200
@@ -141,7 +142,8 @@ def census_entry(fd, shapes) -> dict:
         mesh = None if s.mesh is None else (tuple(s.mesh.shape), tuple(s.mesh.vector))
         shardings.append((mesh, tuple(normalize(d, evaluate) if evaluate else repr(d) for d in s.layouts)))
     comms = sorted(([c.kind, c.bytes_received] for c in plan.communications), key=lambda c: (c[0], c[1] or 0.0))
-    return dict(bytes=plan.bytes_per_device, comms=comms, sharding=short_hash(repr(shardings)))
+    return dict(bytes=plan.bytes_per_device, comms=comms, sharding=short_hash(repr(shardings)),
+                log=short_hash(plan.log.text()))
 
 
 def _plan_case(item):
@@ -166,7 +168,8 @@ def record(args) -> int:
             programs[key] = dict(category=f"random {variant}", **entry, source=case.source(),
                                  shapes=case.input_shapes())
     elapsed = time.perf_counter() - t0
-    meta = dict(examples=args.examples, seed=args.seed, nvshard=os.path.dirname(nvshard.__file__))
+    meta = dict(examples=args.examples, seed=args.seed, nvshard=os.path.dirname(nvshard.__file__),
+                engine=native.engine_kind())
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, programs=programs), f, indent=1, sort_keys=True)
     counts: dict = {}
@@ -231,15 +234,21 @@ def diff(args) -> int:
 
 
 def quick() -> int:
-    """CI's smoke run: two small censuses must be identical (determinism)."""
+    """CI's smoke run: two small censuses, one by the compiled engine and one
+    by its Python source (NVSHARD_PURE_PYTHON=1), must be identical, logs
+    included (determinism, and the compiled core against its reference)."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, f"{i}.json") for i in range(2)]
-        for path in paths:  # a process each: bench_comm's sizes are module state
-            subprocess.run([sys.executable, __file__, "record", path, "--examples", "40", "--jobs", "1"], check=True)
+        for path, pure in zip(paths, ("", "1")):  # a process each: bench_comm's sizes are module state
+            env = dict(os.environ, **{native.PURE_PYTHON_ENV: pure})
+            subprocess.run([sys.executable, __file__, "record", path, "--examples", "40", "--jobs", "1"], check=True,
+                           env=env)
         with open(paths[0]) as a, open(paths[1]) as b:
-            if json.load(a) != json.load(b):
-                print("plan census: two runs with the same seed differ")
-                return 1
+            first, second = json.load(a), json.load(b)
+        print(f"plan census: engine {first['meta']['engine']} vs {second['meta']['engine']}")
+        if first["programs"] != second["programs"]:
+            print("plan census: the two runs differ")
+            return 1
         return diff(argparse.Namespace(base=paths[0], new=paths[1]))
 
 

@@ -1,0 +1,148 @@
+"""The compiled engine core: which modules setup.py compiles, and the import
+hook that keeps their Python source the authority.
+
+The compiled modules are the Python source itself compiled to C by Cython
+(with Python's semantics: annotations are not taken as types), so there is
+one definition of the engine and the interpreter runs the reference:
+NVSHARD_PURE_PYTHON=1 imports every one of them from its .py. A module whose
+build no longer matches its source (edited since the build) is imported from
+its source too, with a warning, so an edit is never silently ignored.
+
+This file imports nothing from nvshard: setup.py and tools/nvshard run it
+without importing the package (and torch).
+
+    python nvshard/native.py           # which modules run compiled, and why not
+    python nvshard/native.py --check   # exit 1 when a build is missing or stale
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import warnings
+
+# The propagation and decomposition passes, their cost model, and the layout
+# and size algebra they run on: the code a plan spends its time in.
+COMPILED = (
+    "nvshard.preseg.engine",
+    "nvshard.preseg.classes",
+    "nvshard.preseg.conflicts",
+    "nvshard.preseg.proposals",
+    "nvshard.preseg.projection",
+    "nvshard.preseg.cost",
+    "nvshard.preseg.reshard",
+    "nvshard.preseg.decompose_reshardings",
+    "nvshard.preseg.program",
+    "nvshard.preseg.log",
+    "nvshard.multidevice.layout",
+    "nvshard.ir.sizes",
+)
+
+# Written by setup.py's build next to this file: {module: sha256 of the source it compiled}.
+MANIFEST = "native_build.json"
+PURE_PYTHON_ENV = "NVSHARD_PURE_PYTHON"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def source_path(module: str, root: str = None) -> str:
+    """The .py of a dotted module name, under `root` (the directory holding the nvshard package)."""
+    root = root if root is not None else os.path.dirname(_PACKAGE_DIR)
+    return os.path.join(root, *module.split(".")) + ".py"
+
+
+def source_hash(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def compiled_path(module: str, root: str = None):
+    """The compiled extension of a module, or None."""
+    base = source_path(module, root)[: -len(".py")]
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if os.path.exists(base + suffix):
+            return base + suffix
+    return None
+
+
+def _manifest(package_dir: str) -> dict:
+    try:
+        with open(os.path.join(package_dir, MANIFEST)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def status(root: str = None, environ=os.environ) -> dict:
+    """module -> "compiled", or why it runs from its source."""
+    root = root if root is not None else os.path.dirname(_PACKAGE_DIR)
+    built = _manifest(os.path.join(root, "nvshard"))
+    out = {}
+    for module in COMPILED:
+        if environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+            out[module] = f"source ({PURE_PYTHON_ENV} is set)"
+        elif compiled_path(module, root) is None:
+            out[module] = "source (not compiled: no Cython or no C compiler at install time)"
+        elif built.get(module) != source_hash(source_path(module, root)):
+            out[module] = "source (the compiled build is older than the source: rebuild with tools/nvshard setup)"
+        else:
+            out[module] = "compiled"
+    return out
+
+
+class _SourceUnlessBuilt(importlib.abc.MetaPathFinder):
+    """Imports a compiled module's .py unless its build is current (and wanted)."""
+
+    def __init__(self):
+        self._status = None
+        self._warned = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in COMPILED:
+            return None
+        if self._status is None:
+            self._status = status()
+        why = self._status[name]
+        if why == "compiled":
+            return None  # the regular finders prefer the extension module
+        if "older than the source" in why and not self._warned:
+            self._warned = True
+            stale = [m for m, w in self._status.items() if "older" in w]
+            warnings.warn(f"nvshard: the source changed since the build of {', '.join(stale)}; running it as "
+                          f"Python (rebuild with tools/nvshard setup)", stacklevel=2)
+        return importlib.util.spec_from_file_location(name, source_path(name))
+
+
+_FINDER = _SourceUnlessBuilt()
+
+
+def install() -> None:
+    """Put the hook in front of the regular finders (once, before any compiled module is imported)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+def engine_kind() -> str:
+    """'compiled' when every compiled module runs compiled, else 'Python' (for benchmarks and reports)."""
+    return "compiled" if all(w == "compiled" for w in status().values()) else "Python"
+
+
+def _main(argv, root: str = None) -> int:
+    report = status(root)
+    if "--check" in argv:
+        stale = [m for m, w in report.items() if "older than the source" in w]
+        if stale:
+            print("nvshard: stale compiled modules: " + ", ".join(stale))
+        return 1 if stale else 0
+    for module, why in report.items():
+        print(f"{module:40s} {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

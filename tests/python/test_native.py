@@ -1,0 +1,111 @@
+"""The compiled engine core (nvshard/native.py): which modules run compiled,
+the source winning over a stale build, and compiled plans equal to the
+Python source's (the reference), logs included."""
+
+import importlib
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nvshard import native
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PURE = os.environ.get(native.PURE_PYTHON_ENV, "") not in ("", "0")
+
+
+def test_the_engine_modules_run_compiled_unless_asked_not_to():
+    """tools/nvshard setup compiles them; NVSHARD_PURE_PYTHON=1 runs the source."""
+    for module in native.COMPILED:
+        path = importlib.import_module(module).__file__
+        if PURE:
+            assert path.endswith(".py"), f"{module} was imported from {path} with {native.PURE_PYTHON_ENV} set"
+        else:
+            assert not path.endswith(".py"), (
+                f"{module} runs from its source ({native.status()[module]}); run tools/nvshard setup")
+
+
+def _fake_tree(tmp_path, built=True):
+    """A package tree holding every compiled module's source, an extension
+    file for each and the build manifest, as setup.py leaves them."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    manifest = {}
+    for module in native.COMPILED:
+        src = native.source_path(module, str(tmp_path))
+        os.makedirs(os.path.dirname(src), exist_ok=True)
+        with open(src, "w") as f:
+            f.write(f"NAME = {module!r}\n")
+        if built:
+            open(src[: -len(".py")] + suffix, "w").close()
+        manifest[module] = native.source_hash(src)
+    with open(os.path.join(tmp_path, "nvshard", native.MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    return tmp_path
+
+
+def test_status_runs_the_source_when_the_build_is_stale_missing_or_unwanted(tmp_path):
+    root = str(_fake_tree(tmp_path))
+    assert set(native.status(root, environ={}).values()) == {"compiled"}
+
+    edited = native.COMPILED[0]
+    with open(native.source_path(edited, root), "a") as f:
+        f.write("# an edit after the build\n")
+    status = native.status(root, environ={})
+    assert "older than the source" in status[edited]
+    assert all(status[m] == "compiled" for m in native.COMPILED[1:])
+
+    os.remove(native.compiled_path(native.COMPILED[1], root))
+    assert "not compiled" in native.status(root, environ={})[native.COMPILED[1]]
+
+    pure = native.status(root, environ={native.PURE_PYTHON_ENV: "1"})
+    assert all(native.PURE_PYTHON_ENV in why for why in pure.values())
+
+
+def test_check_fails_only_on_a_stale_build(tmp_path):
+    """tools/nvshard setup rebuilds when `native.py --check` fails; the script
+    runs without importing nvshard (or torch)."""
+    root = str(_fake_tree(tmp_path))
+    assert native._main(["--check"], root) == 0
+    os.remove(native.compiled_path(native.COMPILED[1], root))
+    assert native._main(["--check"], root) == 0  # not compiled is not stale: nothing to rebuild
+    with open(native.source_path(native.COMPILED[0], root), "a") as f:
+        f.write("# edited\n")
+    assert native._main(["--check"], root) == 1
+
+    listing = subprocess.run([sys.executable, "-X", "importtime", os.path.join(ROOT, "nvshard", "native.py")],
+                             capture_output=True, text=True)
+    assert listing.returncode == 0 and native.COMPILED[0] in listing.stdout
+    assert " torch" not in listing.stderr and "nvshard." not in listing.stderr
+
+
+@pytest.mark.skipif(PURE, reason="compares the compiled engine with its source; here both are the source")
+def test_compiled_and_python_engines_give_the_same_plans_and_logs():
+    """The programs tools/bench_propagation.py times (the triangle update,
+    transformer stacks with TP and SP, MLP and triangle stacks, two layers
+    each) planned by the compiled modules and by their Python source: the
+    same decision log (conflicts with every candidate's cost included) and
+    the same communications. CI's plan census compares 114 more programs."""
+    script = ("import json, sys\n"
+              "sys.path.insert(0, 'tools')\n"
+              "import nvshard, bench_propagation as bp\n"
+              "out = {'triangle update': bp.triangle_single()}\n"
+              "out.update({family: build(2) for family, build in bp.FAMILIES.items()})\n"
+              "for name, (fd, shapes) in out.items():\n"
+              "    plan = nvshard.propagate_shardings(fd, shapes, propagation='default')\n"
+              "    out[name] = plan.log.text() + '\\n' + plan.report()\n"
+              "print(json.dumps(out))\n")
+    runs = []
+    for pure in ("", "1"):
+        env = dict(os.environ, **{native.PURE_PYTHON_ENV: pure})
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=ROOT,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout))
+    compiled, python = runs
+    assert sorted(compiled) == sorted(python) and len(python) == 5
+    assert sum("conflict at" in text for text in python.values()) >= 3  # the logs hold real decisions
+    for name in python:
+        assert compiled[name] == python[name], name
