@@ -56,6 +56,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import nvshard as nvfuser  # noqa: E402
+from nvshard import native  # noqa: E402
 from nvshard import DataType, FusionDefinition  # noqa: E402
 from nvshard.preseg.cost import CostModel  # noqa: E402
 from nvshard.preseg.decompose_reshardings import DecomposeReshardingsPass  # noqa: E402
@@ -313,6 +314,8 @@ def main(argv=None) -> int:
         print(profile(fd.fusion, shapes))
         return 0
 
+    engine = native.engine_kind()
+    print(f"engine: {engine} (nvshard/native.py; NVSHARD_PURE_PYTHON=1 times the Python source)", file=sys.stderr)
     rows, jax_programs = [], []  # jax_programs: (row, family, layers)
     start = time.perf_counter()
     fd, shapes = triangle_single()
@@ -337,7 +340,7 @@ def main(argv=None) -> int:
     # share the CPU with nvshard's timings nor count against --budget.
     jax_errors = 0 if args.no_jax else time_jax(jax_programs, args)
     elapsed = time.perf_counter() - start
-    print()
+    print(f"\nengine: {engine}")
     print(render(rows))
     print()
     print(verdict(rows))
@@ -345,7 +348,7 @@ def main(argv=None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, seconds=elapsed), f, indent=1)
+            json.dump(dict(rows=rows, seconds=elapsed, engine=engine), f, indent=1)
         print(f"wrote {args.json}")
     return 1 if args.quick and jax_errors else 0
 
