@@ -60,6 +60,13 @@ def passes(cost: CostModel, mode: str) -> list:
 
 
 def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> Plan:
+    # Program and Plan building allocate as much as the passes do: the
+    # collector stays off for all of it and scans what survives once, after.
+    with _no_gc():
+        return _build_plan(fusion, global_shapes, scalar_values, options)
+
+
+def _build_plan(fusion, global_shapes, scalar_values, options) -> Plan:
     mode = propagation_mode(options)
     validate_annotations(fusion)
     sizes = _sizes(fusion, global_shapes, scalar_values)
@@ -72,8 +79,7 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
         out.write("Fusion before PreSegmenter:\n" + program.print_math() + SEPARATOR + "\n")
     plan = Plan(fusion, program, sizes, mode)
     for p in pipeline:
-        with _no_gc():
-            p.run(program)
+        p.run(program)
         if isinstance(p, (PropagateShardingsPass, SearchShardingsPass)):
             plan.record_propagation(p.log)
             if sizes is not None:
@@ -99,7 +105,7 @@ def build_plan(fusion, global_shapes=None, scalar_values=None, options=None) -> 
 
 @contextlib.contextmanager
 def _no_gc():
-    """The passes allocate many small objects and free none: the cyclic
+    """Planning allocates many small objects and frees few: the cyclic
     collector would rescan them over and over (quadratic on big fusions)."""
     enabled = gc.isenabled()
     gc.disable()
