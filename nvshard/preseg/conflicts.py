@@ -47,16 +47,16 @@ class ConflictResolver:
     def __init__(self, engine):
         self.engine = engine
         self.cost = engine.cost
+        self._answers: dict = {}  # candidates' costs (unnamed) by question (_question)
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
         candidates, pool = self._candidates(tv)
-        around = self._around(tv)
         scored = []
-        for choices in candidates:
+        for choices, cost in zip(candidates, self._costs(tv, candidates)):
             dropped = [m for m in pool if m not in choices]
             scored.append(Scored(
-                choices, self._cost(tv, choices, around), min((m.priority for m in dropped), default=float("inf")),
+                choices, cost, min((m.priority for m in dropped), default=float("inf")),
                 sum(1 for m in choices if any(p.direction is Direction.FORWARD for p in m.sources)),
                 tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in choices))))
         scored.sort(key=Scored.key)
@@ -74,8 +74,7 @@ class ConflictResolver:
         wants the shard annotates the output, and gets the reduce-scatter)."""
         whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
         options = [[pending], [whole]]
-        around = self._around(tv)
-        costs = [self._cost(tv, c, around) for c in options]
+        costs = self._costs(tv, options)
         best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
         if best == 0:
             return options[0], ""
@@ -110,6 +109,44 @@ class ConflictResolver:
             if not any(ids < {id(m) for m in d} for d in candidates):
                 maximal.append(c)
         return maximal, pool
+
+    def _costs(self, tv, candidates: list) -> list:
+        """Each candidate's cost. Stacked layers meet the same conflict over
+        and over: the costs are kept by everything they depend on (the
+        question), with the tensors' names put back."""
+        around = self._around(tv)
+        question, tensors = self._question(tv, candidates, around)
+        known = self._answers.get(question)
+        if known is not None:
+            return [c.renamed(tensors) for c in known]
+        costs = [self._cost(tv, c, around) for c in candidates]
+        self._answers[question] = [c.unnamed(tensors) for c in costs]
+        return costs
+
+    def _question(self, tv, candidates: list, around: list) -> tuple:
+        """(what the candidates' costs depend on, with tensors as places in
+        the neighbourhood; the neighbourhood's tensors, tv first): tv's state
+        and the candidates; per adjacent expr its rule, which places its
+        tensors are, the other tensors' states, the choices of its open
+        results (_options) and how its operands are shared (_sharing); and
+        each place's signature (dtype, axes, extents, weight)."""
+        engine, key = self.engine, self.cost.layout_key
+        tensors, place = [tv], {tv: 0}
+        parts = [engine.mesh[tv], tuple([None if d is None else key(d.digits) for d in engine.decided[tv]]),
+                 tuple([tuple([_facts(m, key) for m in c]) for c in candidates])]
+        for e, others, shared in around:
+            for t, (layouts, mesh) in others.items():
+                if t not in place:
+                    place[t] = len(tensors)
+                    tensors.append(t)
+                    parts.append((mesh, tuple([key(d) if d else d for d in layouts])))
+            parts.append((_rule_text(engine.p.rule(e)), tuple([place[t] for t in e.tv_inputs + e.tv_outputs])))
+            for o in e.tv_outputs:
+                if any(d is None for d in (others[o][0] if o is not tv else engine.decided[tv])):
+                    parts.append(tuple([_facts(m, key) for m in engine.current_choices(o)]))
+            parts.append(tuple([(place[t], frozenset(made), sharers) for t, (made, sharers) in shared.items()]))
+        parts.append(tuple([self.cost.signature(t) for t in tensors]))
+        return tuple(parts), tensors
 
     def _around(self, tv) -> list:
         """What a candidate's cost depends on besides the candidate, per expr
@@ -200,6 +237,11 @@ class ConflictResolver:
         if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
             return None
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
+
+
+def _facts(m: Choice, key) -> tuple:
+    """What a choice's part in a cost depends on (compete() reads the rest)."""
+    return (m.axis, key(m.digits), m.mesh, m.reduction)
 
 
 def _rule_text(rule) -> str:

@@ -47,6 +47,23 @@ class Cost:
         steps = [(f"{name} ({note})", step) for name, step in self.steps]
         return Cost(self.weight * factor, self.other * factor, self.symbolic, steps)
 
+    def unnamed(self, tensors: list) -> "Cost":
+        """This cost with each step's tensor named by its place in `tensors`
+        (to be kept for a question asked again about other tensors)."""
+        place = {}
+        for i, t in enumerate(tensors):
+            place.setdefault(t.short_name(), i)
+        steps = []
+        for name, step in self.steps:
+            head, _, note = name.partition(" ")
+            steps.append(((place[head], note), step))
+        return Cost(self.weight, self.other, self.symbolic, steps)
+
+    def renamed(self, tensors: list) -> "Cost":
+        """An unnamed cost with the names of `tensors` put back."""
+        steps = [(tensors[i].short_name() + (" " + note if note else ""), step) for (i, note), step in self.steps]
+        return Cost(self.weight, self.other, self.symbolic, steps)
+
     def describe(self) -> str:
         if self.symbolic:
             text = f"~{format_bytes(self.total)} (weights {format_bytes(self.weight)})"
@@ -75,6 +92,28 @@ class CostModel:
 
     def extent(self, tv: TensorView, k: int) -> float:
         return _extent(self.sizes, tv, k)
+
+    def signature(self, tv: TensorView) -> tuple:
+        """What a cost depends on of a tensor besides its state (its dtype,
+        axes and extents; weight; an annotated pending sum): equal
+        signatures, equal states and equal structure ask the same question."""
+        sig = self._signatures.get(tv)
+        if sig is None:
+            sig = self._signatures[tv] = (self.numel.signature(tv), self.is_weight(tv), _annotated_sum(tv))
+        return sig
+
+    def layout_key(self, digits) -> tuple:
+        """layout.key(digits), remembered per layout object (the same decided
+        layouts are asked about over and over; the entry keeps the object
+        alive, so its id is not reused)."""
+        if not digits:
+            return ()
+        known = self._digit_keys.get(id(digits))
+        if known is not None:
+            return known[1]
+        key = layout.key(digits)
+        self._digit_keys[id(digits)] = (digits, key)
+        return key
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
@@ -105,10 +144,11 @@ class CostModel:
         # by the expr's structure and states, with the tensors' names put back.
         key = self._question(expr, states, options, shared)
         known = self._answers.get(key)
+        tensors = expr.tv_inputs + expr.tv_outputs
         if known is not None:
-            return _renamed(known, expr)
+            return known.renamed(tensors)
         best = self._expr_cost(expr, states, options, shared)
-        self._answers[key] = _unnamed(best, expr)
+        self._answers[key] = best.unnamed(tensors)
         return best
 
     def _question(self, expr, states, options, shared) -> tuple:
@@ -117,16 +157,11 @@ class CostModel:
             tensors = expr.tv_inputs + expr.tv_outputs
             first = {}
             head = (_rule_text(self.program.rule(expr)), tuple(first.setdefault(t, i) for i, t in enumerate(tensors)))
-            sigs = []
-            for t in tensors:
-                sig = self._signatures.get(t)
-                if sig is None:
-                    sig = self._signatures[t] = (self.numel.signature(t), self.is_weight(t), _annotated_sum(t))
-                sigs.append(sig)
+            sigs = [self.signature(t) for t in tensors]
             fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
         tensors, first, head, sigs = fixed
         parts = list(head)
-        key = self._key
+        key = self.layout_key
         for t, sig in zip(tensors, sigs):
             state = states[t]
             # key(()) is (); an open axis (None) stays None
@@ -141,19 +176,6 @@ class CostModel:
                     made, sharers = shared[t]
                     parts.append((first[t], frozenset(made), sharers))
         return tuple(parts)
-
-    def _key(self, digits) -> tuple:
-        """layout.key(digits), remembered per layout object (the same decided
-        layouts are asked about over and over; the entry keeps the object
-        alive, so its id is not reused)."""
-        if not digits:
-            return ()
-        known = self._digit_keys.get(id(digits))
-        if known is not None:
-            return known[1]
-        key = layout.key(digits)
-        self._digit_keys[id(digits)] = (digits, key)
-        return key
 
     def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
@@ -235,24 +257,6 @@ def _rule_text(rule) -> str:
 def _annotated_sum(tv) -> bool:
     """A pending sum the user annotated (plan_compute keeps it as it is)."""
     return tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
-
-
-def _unnamed(cost: Cost, expr) -> Cost:
-    """The cost with each step's tensor named by its place in expr."""
-    place = {}
-    for i, t in enumerate(expr.tv_inputs + expr.tv_outputs):
-        place.setdefault(t.short_name(), i)
-    steps = []
-    for name, step in cost.steps:
-        head, _, note = name.partition(" ")
-        steps.append(((place[head], note), step))
-    return Cost(cost.weight, cost.other, cost.symbolic, steps)
-
-
-def _renamed(cost: Cost, expr) -> Cost:
-    tensors = expr.tv_inputs + expr.tv_outputs
-    steps = [(tensors[i].short_name() + (" " + note if note else ""), step) for (i, note), step in cost.steps]
-    return Cost(cost.weight, cost.other, cost.symbolic, steps)
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
