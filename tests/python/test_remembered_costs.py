@@ -1,0 +1,79 @@
+"""Conflict costs are remembered by their question (conflicts.py): a conflict
+met again in another layer must cost, and be explained, exactly as when it
+is priced afresh."""
+
+import torch
+
+import nvshard as nvfuser
+from nvshard import DataType, FusionDefinition, models
+from nvshard.preseg.conflicts import ConflictResolver
+
+P = nvfuser.ParallelType
+
+
+def _mlp_stack(layers: list, t=64, h=16, d=4):
+    """Residual sequence-parallel MLP blocks, x = x + down(gelu(up(x))), one
+    per (weights' dtype, weights sharded?) in `layers`. Alike layers meet
+    the same conflicts; unlike ones meet conflicts alike in shape but not in
+    dtypes or shardings, which must not share answers."""
+    mesh = nvfuser.multidevice.DeviceMesh(torch.arange(d))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([t, h], dtype=DataType.Float, contiguity=True)
+        shapes = [[t, h]]
+        annotated = [(x, 0)]
+        for dtype, sharded in layers:
+            up_w = fd.define_tensor([4 * h, h], dtype=dtype, contiguity=True)
+            down_w = fd.define_tensor([h, 4 * h], dtype=dtype, contiguity=True)
+            shapes += [[4 * h, h], [h, 4 * h]]
+            for w, axis in ((up_w, 0), (down_w, 1)):
+                w.set_device_mesh(mesh)
+                if sharded:
+                    annotated.append((w, axis))
+            up = fd.ops.linear(fd.ops.cast(x, dtype), up_w)
+            down = fd.ops.linear(models.gelu_tanh(fd, up), down_w)
+            x = fd.ops.add(fd.ops.cast(down, DataType.Float), x)
+        for tv, axis in annotated:
+            tv.set_device_mesh(mesh)
+            tv.outer_split(axis, d)
+            tv.axis(axis).parallelize(P.mesh_x)
+        fd.add_output(x)
+    return fd, shapes
+
+
+def _explained(fd, shapes) -> str:
+    plan = nvfuser.propagate_shardings(fd, shapes)
+    return plan.log.text() + "\n" + plan.report()
+
+
+def _asked_and_explained(monkeypatch, fd, shapes, remember: bool):
+    question = ConflictResolver._question
+    asked = []
+
+    def asking(self, tv, candidates, around):
+        key, tensors = question(self, tv, candidates, around)
+        asked.append(key)
+        return (key if remember else object()), tensors
+
+    monkeypatch.setattr(ConflictResolver, "_question", asking)
+    return asked, _explained(fd, shapes)
+
+
+def test_a_repeated_conflict_costs_what_a_fresh_one_does(monkeypatch):
+    fd, shapes = _mlp_stack([(DataType.Float, True)] * 4)
+    asked, remembered = _asked_and_explained(monkeypatch, fd, shapes, remember=True)
+    # 4 layers x 3 conflicts, 3 distinct questions: 9 answered from memory
+    assert len(asked) == 12 and len(set(asked)) == 3
+    assert remembered.count("conflict at") == 12 and "allgather" in remembered
+    assert remembered == _asked_and_explained(monkeypatch, fd, shapes, remember=False)[1]
+
+
+def test_conflicts_alike_in_shape_only_are_priced_apart(monkeypatch):
+    """Layers alike but for a dtype or their weights' sharding: a question
+    that left the tensors' signatures out would answer a bf16 layer with an
+    f32 layer's costs (tried: this test fails)."""
+    f32, bf16 = DataType.Float, DataType.BFloat16
+    fd, shapes = _mlp_stack([(f32, True), (bf16, True), (f32, False), (f32, True), (bf16, True), (f32, False),
+                             (f32, True)])
+    asked, remembered = _asked_and_explained(monkeypatch, fd, shapes, remember=True)
+    assert len(set(asked)) < len(asked)
+    assert remembered == _asked_and_explained(monkeypatch, fd, shapes, remember=False)[1]
