@@ -25,18 +25,20 @@ from .proposals import Direction
 
 
 class Link(NamedTuple):
-    """Where a decision on one axis spreads: the expr, the linked axes on its
-    factor (AxisFactors, the decided axis among them) and the decided axis's
-    role there."""
+    """Where a decision on one axis spreads: the expr and the linked axes on
+    its factor (AxisFactors; one Link shared by all of them)."""
 
     expr: object
     members: tuple
-    role: Role
 
     def ends(self, tv):
-        """(other axis, direction) pairs, for a decision on tv's axis
-        (Direction.between, unrolled: the spread asks for every link)."""
-        role = self.role
+        """(other axis, direction) pairs, for a decision on one of tv's axes.
+        A tensor has one role in an expr (an expr never reads its own
+        result); Direction.between, unrolled: the spread asks for every link."""
+        for m in self.members:
+            if m.tv is tv:
+                role = m.role
+                break
         across = Direction.FORWARD if role is Role.OPERAND else Direction.BACKWARD
         return [(m, Direction.SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
 
@@ -64,16 +66,20 @@ class PassThroughClasses:
             for part in parts:
                 if len({id(slots[i].tv) for i in part}) < 2:
                     continue  # one tensor (x * x) links nothing
-                axes = tuple(slots[i] for i in part)
-                first = (axes[0].tv, axes[0].axis)
+                axes = tuple([slots[i] for i in part])
+                link = Link(expr, axes)
+                first = None
                 for a in axes:
                     key = (a.tv, a.axis)
                     out = links.get(key)
                     if out is None:
-                        links[key] = [Link(expr, axes, a.role)]
+                        links[key] = [link]
                     else:
-                        out.append(Link(expr, axes, a.role))
-                    self._union(first, key)
+                        out.append(link)
+                    if first is None:
+                        first = key
+                    else:
+                        self._union(first, key)
                 positions += part
         if positions:
             self.linked_positions[expr] = frozenset(positions)
