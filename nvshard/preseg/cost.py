@@ -17,7 +17,7 @@ from typing import Optional
 
 from ..ir.nodes import TensorView
 from .program import TvState
-from .projection import plan_compute, resolved, same_state
+from .projection import annotated_sum, plan_compute, resolved, same_state
 from ..multidevice import layout
 from .reshard import NumelModel, format_bytes, plan_reshard
 
@@ -99,7 +99,7 @@ class CostModel:
         signatures, equal states and equal structure ask the same question."""
         sig = self._signatures.get(tv)
         if sig is None:
-            sig = self._signatures[tv] = (self.numel.signature(tv), self.is_weight(tv), _annotated_sum(tv))
+            sig = self._signatures[tv] = (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
         return sig
 
     def layout_key(self, digits) -> tuple:
@@ -252,11 +252,6 @@ def _rule_text(rule) -> str:
     if text is None:
         text = rule.cache["text"] = rule.describe()
     return text
-
-
-def _annotated_sum(tv) -> bool:
-    """A pending sum the user annotated (plan_compute keeps it as it is)."""
-    return tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:

@@ -226,8 +226,7 @@ def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
     """Factor layouts other than the results': as the operands on the
     results' mesh already are (first operand first)."""
     # a pending sum the user annotated says how to compute: it stays
-    if any(tv.mesh is not None and any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
-           for tv in expr.tv_outputs):
+    if any(annotated_sum(tv) for tv in expr.tv_outputs):
         return []
     out = []
     from_operands: dict = {}
@@ -241,6 +240,14 @@ def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
     if from_operands and not _same_factors(from_operands, base.factors):
         out.append(from_operands)
     return out
+
+
+def annotated_sum(tv) -> bool:
+    """Whether the user annotated a pending sum on tv (a parallelized
+    reduction axis): plan_compute keeps it as it is."""
+    if tv.mesh is None or not any(id_.is_reduction() for id_ in tv.logical):
+        return False  # most annotated tensors have no reduction axis: no layouts to read
+    return any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
 
 
 def _same_factors(a: dict, b: dict) -> bool:

@@ -52,7 +52,7 @@ class NumelModel:
     def signature(self, tv) -> tuple:
         """What a reshard plan depends on besides the layouts."""
         return (tv.dtype().itemsize,
-                tuple((id_.is_reduction(), id_.is_broadcast(), self.extent(tv, k)) for k, id_ in enumerate(tv.logical)))
+                tuple([(id_.is_reduction(), id_.is_broadcast(), self.extent(tv, k)) for k, id_ in enumerate(tv.logical)]))
 
     def local_numel(self, tv, state: TvState) -> float:
         n = 1.0
