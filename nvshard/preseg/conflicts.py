@@ -22,7 +22,7 @@ from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .cost import Cost
 from .program import TvState
-from .projection import join_axis, plan_compute, project, tensor_axes
+from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 
 
@@ -140,7 +140,7 @@ class ConflictResolver:
                     place[t] = len(tensors)
                     tensors.append(t)
                     parts.append((mesh, tuple([key(d) if d else d for d in layouts])))
-            parts.append((_rule_text(engine.p.rule(e)), tuple([place[t] for t in e.tv_inputs + e.tv_outputs])))
+            parts.append((rule_text(engine.p.rule(e)), tuple([place[t] for t in e.tv_inputs + e.tv_outputs])))
             for o in e.tv_outputs:
                 if any(d is None for d in (others[o][0] if o is not tv else engine.decided[tv])):
                     parts.append(tuple([_facts(m, key) for m in engine.current_choices(o)]))
@@ -189,7 +189,7 @@ class ConflictResolver:
         engine = self.engine
         made, sharers = set(), 1
         position = expr.tv_inputs.index(operand)
-        shape = _rule_text(engine.p.rule(expr))
+        shape = rule_text(engine.p.rule(expr))
         for other in engine.p.consumers.get(operand, []):
             if other is expr or not other.tv_outputs:
                 continue
@@ -199,7 +199,7 @@ class ConflictResolver:
                 results = [TvState(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
                 compute = plan_compute(other, results, rule)
                 made.add(compute.operands[other.tv_inputs.index(operand)].key())
-            elif other.tv_inputs.index(operand) == position and _rule_text(engine.p.rule(other)) == shape:
+            elif other.tv_inputs.index(operand) == position and rule_text(engine.p.rule(other)) == shape:
                 sharers += 1
         return made, sharers
 
@@ -242,13 +242,6 @@ class ConflictResolver:
 def _facts(m: Choice, key) -> tuple:
     """What a choice's part in a cost depends on (compete() reads the rest)."""
     return (m.axis, key(m.digits), m.mesh, m.reduction)
-
-
-def _rule_text(rule) -> str:
-    text = rule.cache.get("text")
-    if text is None:
-        text = rule.cache["text"] = rule.describe()
-    return text
 
 
 def _why(best: Scored, runner_up, symbolic: bool) -> str:

@@ -17,7 +17,7 @@ from typing import Optional
 
 from ..ir.nodes import TensorView
 from .program import TvState
-from .projection import annotated_sum, plan_compute, resolved, same_state
+from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
 from ..multidevice import layout
 from .reshard import NumelModel, format_bytes, plan_reshard
 
@@ -156,7 +156,7 @@ class CostModel:
         if fixed is None:  # what does not depend on the states
             tensors = expr.tv_inputs + expr.tv_outputs
             first = {}
-            head = (_rule_text(self.program.rule(expr)), tuple(first.setdefault(t, i) for i, t in enumerate(tensors)))
+            head = (rule_text(self.program.rule(expr)), tuple(first.setdefault(t, i) for i, t in enumerate(tensors)))
             sigs = [self.signature(t) for t in tensors]
             fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
         tensors, first, head, sigs = fixed
@@ -245,13 +245,6 @@ class _RememberingNumel(NumelModel):
         if sig is None:
             sig = self._signatures[tv] = super().signature(tv)
         return sig
-
-
-def _rule_text(rule) -> str:
-    text = rule.cache.get("text")
-    if text is None:
-        text = rule.cache["text"] = rule.describe()
-    return text
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..ir.nodes import TensorView
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
-from .projection import plan_compute, resolved, same_state
+from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
 from .cost import reshard_bytes
 from .reshard import NumelModel, plan_reshard
 
@@ -51,13 +51,29 @@ class DecomposeReshardingsPass:
         def price(tv, src, dst) -> float:
             return reshard_bytes(tv, src, dst, self.numel)
 
+        plans: dict = {}  # ComputePlan by question: stacked layers compute alike
+
+        def compute_plan(expr, results: list, operands: list):
+            """plan_compute, kept by all it reads: the rule, which tensors are
+            the same, their signatures, and the states (plans are never changed)."""
+            rule = program.rule(expr)
+            tensors = expr.tv_inputs + expr.tv_outputs
+            first: dict = {}
+            question = (rule_text(rule), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]),
+                        tuple([(self.numel.signature(t), annotated_sum(t)) for t in tensors]),
+                        tuple([s.key() for s in results]), tuple([s.key() for s in operands]))
+            plan = plans.get(question)
+            if plan is None:
+                plan = plans[question] = plan_compute(expr, results, rule, operands,
+                                                      price if self.weigh_alternatives else None)
+            return plan
+
         for expr in program.exprs:
             if not expr.tv_outputs:
                 exprs.append(expr)
                 continue
-            compute = plan_compute(expr, [program.state[o] for o in expr.tv_outputs], program.rule(expr),
-                                   [program.state[v] for v in expr.tv_inputs],
-                                   price if self.weigh_alternatives else None)
+            compute = compute_plan(expr, [program.state[o] for o in expr.tv_outputs],
+                                   [program.state[v] for v in expr.tv_inputs])
             operands = iter(compute.operands)
             inputs = [reshard(v, next(operands)) if isinstance(v, TensorView) else v for v in expr.inputs]
             outputs, after = [], []

@@ -242,6 +242,15 @@ def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
     return out
 
 
+def rule_text(rule) -> str:
+    """The rule as text, made once: the structural part of the questions
+    the cost model, the conflicts and the decomposition remember answers by."""
+    text = rule.cache.get("text")
+    if text is None:
+        text = rule.cache["text"] = rule.describe()
+    return text
+
+
 def annotated_sum(tv) -> bool:
     """Whether the user annotated a pending sum on tv (a parallelized
     reduction axis): plan_compute keeps it as it is."""
