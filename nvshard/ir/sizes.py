@@ -89,13 +89,16 @@ class Size:
 
     def canonical(self) -> "Size":
         if self._epoch == _EPOCH[0]:
-            return self._canonical
-        self._canonical = self._compute_canonical()
-        coef = self._canonical.coef
+            return self if self._canonical is None else self._canonical
+        canonical = self._compute_canonical()
+        # None when a Size is its own canonical form: pointing at itself would
+        # make every static Size a cycle for the garbage collector to find
+        self._canonical = None if canonical is self else canonical
+        coef = canonical.coef
         # ints hash much faster than Fractions, and these keys are hashed a lot
-        self._key = (coef.numerator if coef.denominator == 1 else coef, tuple(id(s) for s in self._canonical.syms))
+        self._key = (coef.numerator if coef.denominator == 1 else coef, tuple(id(s) for s in canonical.syms))
         self._epoch = _EPOCH[0]
-        return self._canonical
+        return canonical
 
     def _compute_canonical(self) -> "Size":
         if not self.syms:

@@ -26,56 +26,32 @@ class DecomposeReshardingsPass:
         self.weigh_alternatives = weigh_alternatives
 
     def run(self, program: Program) -> None:
-        exprs = []
-        cache: dict = {}
+        _Rewrite(program, self.numel, self.weigh_alternatives).run()
 
-        def emit(tv: TensorView, steps: list, into: TensorView = None) -> TensorView:
-            cur = tv
-            for n, step in enumerate(steps):
-                last = n == len(steps) - 1
-                nxt = into if (last and into is not None) else program.new_tv_like(tv, step.after)
-                program.state[nxt] = step.after
-                exprs.append(_communication(step, cur, nxt))
-                cur = nxt
-            return cur
 
-        def reshard(tv: TensorView, target: TvState) -> TensorView:
-            if same_state(program.state[tv], target):
-                return tv
-            key = (tv, target.key())
-            if key not in cache:
-                steps = plan_reshard(tv, program.state[tv], target, self.numel)
-                cache[key] = emit(tv, steps) if steps else tv
-            return cache[key]
+class _Rewrite:
+    """One run of the pass over a program. (Its helpers are methods, not
+    closures: compiled, closures that call each other form a cycle, which
+    would hold every reshard signature until the collector ran.)"""
 
-        def price(tv, src, dst) -> float:
-            return reshard_bytes(tv, src, dst, self.numel)
+    def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
+        self.program = program
+        self.numel = numel
+        self.weigh_alternatives = weigh_alternatives
+        self.exprs: list = []
+        self.resharded: dict = {}  # (tv, target key) -> the tensor holding tv in that layout
+        self.plans: dict = {}  # ComputePlan by question: stacked layers compute alike
 
-        plans: dict = {}  # ComputePlan by question: stacked layers compute alike
-
-        def compute_plan(expr, results: list, operands: list):
-            """plan_compute, kept by all it reads: the rule, which tensors are
-            the same, their signatures, and the states (plans are never changed)."""
-            rule = program.rule(expr)
-            tensors = expr.tv_inputs + expr.tv_outputs
-            first: dict = {}
-            question = (rule_text(rule), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]),
-                        tuple([(self.numel.signature(t), annotated_sum(t)) for t in tensors]),
-                        tuple([s.key() for s in results]), tuple([s.key() for s in operands]))
-            plan = plans.get(question)
-            if plan is None:
-                plan = plans[question] = plan_compute(expr, results, rule, operands,
-                                                      price if self.weigh_alternatives else None)
-            return plan
-
+    def run(self) -> None:
+        program, exprs = self.program, self.exprs
         for expr in program.exprs:
             if not expr.tv_outputs:
                 exprs.append(expr)
                 continue
-            compute = compute_plan(expr, [program.state[o] for o in expr.tv_outputs],
-                                   [program.state[v] for v in expr.tv_inputs])
+            compute = self._compute_plan(expr, [program.state[o] for o in expr.tv_outputs],
+                                         [program.state[v] for v in expr.tv_inputs])
             operands = iter(compute.operands)
-            inputs = [reshard(v, next(operands)) if isinstance(v, TensorView) else v for v in expr.inputs]
+            inputs = [self._reshard(v, next(operands)) if isinstance(v, TensorView) else v for v in expr.inputs]
             outputs, after = [], []
             for i, out in enumerate(expr.tv_outputs):
                 produced = compute.results[i]
@@ -93,9 +69,48 @@ class DecomposeReshardingsPass:
             else:
                 exprs.append(expr.rewired(inputs, outputs))
             for partial, steps, out in after:
-                emit(partial, steps, into=out)
+                self._emit(partial, steps, into=out)
         program.exprs = exprs
         program.index()
+
+    def _emit(self, tv: TensorView, steps: list, into: TensorView = None) -> TensorView:
+        program = self.program
+        cur = tv
+        for n, step in enumerate(steps):
+            last = n == len(steps) - 1
+            nxt = into if (last and into is not None) else program.new_tv_like(tv, step.after)
+            program.state[nxt] = step.after
+            self.exprs.append(_communication(step, cur, nxt))
+            cur = nxt
+        return cur
+
+    def _reshard(self, tv: TensorView, target: TvState) -> TensorView:
+        state = self.program.state[tv]
+        if same_state(state, target):
+            return tv
+        key = (tv, target.key())
+        if key not in self.resharded:
+            steps = plan_reshard(tv, state, target, self.numel)
+            self.resharded[key] = self._emit(tv, steps) if steps else tv
+        return self.resharded[key]
+
+    def _price(self, tv, src, dst) -> float:
+        return reshard_bytes(tv, src, dst, self.numel)
+
+    def _compute_plan(self, expr, results: list, operands: list):
+        """plan_compute, kept by all it reads: the rule, which tensors are the
+        same, their signatures, and the states (plans are never changed)."""
+        rule = self.program.rule(expr)
+        tensors = expr.tv_inputs + expr.tv_outputs
+        first: dict = {}
+        question = (rule_text(rule), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]),
+                    tuple([(self.numel.signature(t), annotated_sum(t)) for t in tensors]),
+                    tuple([s.key() for s in results]), tuple([s.key() for s in operands]))
+        plan = self.plans.get(question)
+        if plan is None:
+            plan = self.plans[question] = plan_compute(expr, results, rule, operands,
+                                                       self._price if self.weigh_alternatives else None)
+        return plan
 
 
 def _communication(step, src: TensorView, dst: TensorView):
