@@ -127,65 +127,6 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
     keep_pending = {m for k in reduction for m in layout.mesh_axes_of(dst.layouts[k])}
     goal = dst.key()
 
-    def toward(layouts, k, m):
-        """dst's layout of axis k with m added to the digits present, if that
-        is the present layout plus m (the axis is on its way to dst)."""
-        present = set(layout.mesh_axes_of(layouts[k])) | {m}
-        if m not in layout.mesh_axes_of(dst.layouts[k]):
-            return None
-        target = dst.layouts[k]
-        for other in layout.mesh_axes_of(target):
-            if other not in present:
-                target = layout.without(target, other, sizes)
-        return target if layout.same(layout.without(target, m, sizes), layouts[k]) else None
-
-    def moves(state: TvState):
-        lay = state.layouts
-        used = {m for k in iteration for m in layout.mesh_axes_of(lay[k])}
-        pending = [m for k in reduction for m in layout.mesh_axes_of(lay[k]) if m not in keep_pending]
-
-        def without_pending(m):
-            out = list(lay)
-            for k in reduction:
-                if m in layout.mesh_axes_of(out[k]):
-                    out[k] = layout.without(out[k], m, sizes)
-            return out
-
-        for m in pending:
-            for b in iteration:
-                t = toward(lay, b, m) if m not in used else None
-                if t is not None:
-                    new = without_pending(m)
-                    new[b] = t
-                    yield "reduce_scatter", m, None, b, new
-            yield "allreduce", m, None, None, without_pending(m)
-        if pending:
-            return  # resolve partial sums before moving data around
-        for a in iteration:
-            for m in layout.mesh_axes_of(lay[a]):
-                gathered = list(lay)
-                gathered[a] = layout.without(lay[a], m, sizes)
-                yield "allgather", m, a, None, gathered
-                for b in iteration:
-                    t = toward(gathered, b, m)
-                    if t is None:
-                        continue
-                    if b == a and (layout.same(t, lay[a]) or layout.exchange_digits(
-                            _segments(lay[a], sizes), _segments(t, sizes), m) is None):
-                        continue  # within one axis: only where peers exchange equal chunks
-                    moved = list(gathered)
-                    moved[b] = t
-                    yield "all_to_all", m, a, b, moved
-        for b in iteration:
-            for m in layout.mesh_axes_of(dst.layouts[b]):
-                if m in used:
-                    continue
-                t = toward(lay, b, m)
-                if t is not None:
-                    new = list(lay)
-                    new[b] = t
-                    yield "slice", m, b, b, new
-
     start = TvState(mesh, list(src.layouts))
     frontier = [(0.0, 0, start.key(), start, [])]
     best = {start.key(): 0.0}
@@ -197,7 +138,7 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
         if cost > best.get(key, float("inf")):
             continue
         numel = model.local_numel(tv, state)
-        for kind, m, a, b, new_layouts in moves(state):
+        for kind, m, a, b, new_layouts in _moves(state, dst, sizes, iteration, reduction, keep_pending):
             after = TvState(mesh, new_layouts)
             nbytes = collective(kind).factor(sizes[m]) * numel * itemsize
             new_key = after.key()
@@ -208,6 +149,72 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
                 heapq.heappush(frontier, (new_cost, counter, new_key, after, path + [step]))
                 counter += 1
     raise AssertionError(f"no resharding path for {tv.short_name()} from {src.layouts} to {dst.layouts}")
+
+
+# _search's helpers are module functions, not closures: compiled, closures
+# that call each other form a cycle the collector would have to find.
+
+
+def _toward(dst: TvState, sizes: dict, layouts, k, m):
+    """dst's layout of axis k with m added to the digits present, if that
+    is the present layout plus m (the axis is on its way to dst)."""
+    present = set(layout.mesh_axes_of(layouts[k])) | {m}
+    if m not in layout.mesh_axes_of(dst.layouts[k]):
+        return None
+    target = dst.layouts[k]
+    for other in layout.mesh_axes_of(target):
+        if other not in present:
+            target = layout.without(target, other, sizes)
+    return target if layout.same(layout.without(target, m, sizes), layouts[k]) else None
+
+
+def _without_pending(lay, reduction: list, m, sizes: dict) -> list:
+    out = list(lay)
+    for k in reduction:
+        if m in layout.mesh_axes_of(out[k]):
+            out[k] = layout.without(out[k], m, sizes)
+    return out
+
+
+def _moves(state: TvState, dst: TvState, sizes: dict, iteration: list, reduction: list, keep_pending: set):
+    """The single steps from `state`: (kind, mesh axis, from axis, to axis, layouts after)."""
+    lay = state.layouts
+    used = {m for k in iteration for m in layout.mesh_axes_of(lay[k])}
+    pending = [m for k in reduction for m in layout.mesh_axes_of(lay[k]) if m not in keep_pending]
+    for m in pending:
+        for b in iteration:
+            t = _toward(dst, sizes, lay, b, m) if m not in used else None
+            if t is not None:
+                new = _without_pending(lay, reduction, m, sizes)
+                new[b] = t
+                yield "reduce_scatter", m, None, b, new
+        yield "allreduce", m, None, None, _without_pending(lay, reduction, m, sizes)
+    if pending:
+        return  # resolve partial sums before moving data around
+    for a in iteration:
+        for m in layout.mesh_axes_of(lay[a]):
+            gathered = list(lay)
+            gathered[a] = layout.without(lay[a], m, sizes)
+            yield "allgather", m, a, None, gathered
+            for b in iteration:
+                t = _toward(dst, sizes, gathered, b, m)
+                if t is None:
+                    continue
+                if b == a and (layout.same(t, lay[a]) or layout.exchange_digits(
+                        _segments(lay[a], sizes), _segments(t, sizes), m) is None):
+                    continue  # within one axis: only where peers exchange equal chunks
+                moved = list(gathered)
+                moved[b] = t
+                yield "all_to_all", m, a, b, moved
+    for b in iteration:
+        for m in layout.mesh_axes_of(dst.layouts[b]):
+            if m in used:
+                continue
+            t = _toward(dst, sizes, lay, b, m)
+            if t is not None:
+                new = list(lay)
+                new[b] = t
+                yield "slice", m, b, b, new
 
 
 def _segments(digits, mesh_sizes) -> list:
