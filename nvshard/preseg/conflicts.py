@@ -240,7 +240,8 @@ class ConflictResolver:
 
 
 def _facts(m: Choice, key) -> tuple:
-    """What a choice's part in a cost depends on (compete() reads the rest)."""
+    """What a cost reads of a choice: its axis and layout, and what compete()
+    compares besides (its mesh, whether it is a pending sum)."""
     return (m.axis, key(m.digits), m.mesh, m.reduction)
 
 
