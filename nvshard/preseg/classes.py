@@ -68,7 +68,7 @@ class PassThroughClasses:
                     continue  # one tensor (x * x) links nothing
                 axes = tuple([slots[i] for i in part])
                 link = Link(expr, axes)
-                first = None
+                first = (axes[0].tv, axes[0].axis)
                 for a in axes:
                     key = (a.tv, a.axis)
                     out = links.get(key)
@@ -76,9 +76,7 @@ class PassThroughClasses:
                         links[key] = [link]
                     else:
                         out.append(link)
-                    if first is None:
-                        first = key
-                    else:
+                    if key != first:
                         self._union(first, key)
                 positions += part
         if positions:
