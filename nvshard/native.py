@@ -41,6 +41,13 @@ COMPILED = (
     "nvshard.preseg.log",
     "nvshard.multidevice.layout",
     "nvshard.ir.sizes",
+    "nvshard.ir.nodes",
+    "nvshard.ir.size_evaluator",
+    "nvshard.preseg.validate",
+    "nvshard.preseg.plan",
+    "nvshard.multidevice.mesh",
+    "nvshard.ops.common",
+    "nvshard.ops.registry",
 )
 
 # Written by setup.py's build next to this file: {module: sha256 of the source it compiled}.
