@@ -20,7 +20,8 @@ For each priority level, lowest first:
     fixed point. Axes joined by pass-through factors form classes
     (classes.py): a decision spreads through its class directly, a link
     layer at a time under the same rule, and only exprs where classes meet
-    make proposals.
+    make proposals. After a decision, an adjacent expr re-derives only the
+    proposals of its targets on the factors the decided axis carries.
  3. Only when nothing easy is left is one *conflict* resolved: the tensor's
     consistent candidate assignments (with the longest compatible prefix of
     multi-axis layouts) are scored by priority, then by the bytes the
@@ -54,9 +55,11 @@ from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Propos
 
 
 class Engine:
-    def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True):
-        """spread_classes=False: every decision travels by proposals alone (the
-        reference the class spread is tested against)."""
+    def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True,
+                 refresh_by_factor: bool = True):
+        """spread_classes=False: every decision travels by proposals alone;
+        refresh_by_factor=False: a change re-derives all of an adjacent expr's
+        proposals (the references the shortcuts are tested against)."""
         self.p = program
         self.cost = cost
         self.log = log
@@ -80,6 +83,9 @@ class Engine:
         self._used_cache: dict = {}
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self._open_to: dict = {}  # expr -> its axes that are not annotated
+        self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
+        self._changed_axes: dict = {}  # tv -> axes decided since the last refresh
+        self._refresh_by_factor = refresh_by_factor
         self.depth, self.canon = _structure(program)
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
@@ -231,11 +237,25 @@ class Engine:
             self._used_cache[key] = used
         return used
 
-    def _expr_proposals(self, expr) -> list:
+    def _expr_proposals(self, expr, changed=None) -> list:
+        """expr's proposals, in target order. With `changed` (tv -> axes
+        decided since expr's last refresh), a target whose factors none of
+        the changed axes carry keeps its previous proposals: they read only
+        the layouts on its own factors. Pending sums read their operands'
+        state as a whole and are always re-derived, as is everything when
+        the contraction's waiting flips."""
         decided = self.decided
         frozen = self.frozen
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
+        previous = self._per_target.pop(expr, None)
+        crossed = None  # factors the changed axes carry (None: re-derive every target)
+        if changed is not None and previous is not None:
+            crossed = set()
+            for s in slots:
+                axes = changed.get(s.tv)
+                if axes is not None and s.axis in axes:
+                    crossed.update(s.factors)
         # linked axes reach each other through their class (_spread), not here
         linked = self.classes.linked_positions.get(expr, ())
         open_to = self._open_to.get(expr)
@@ -277,58 +297,75 @@ class Engine:
         waiting = (has_sum and not self.releasing
                    and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
                            for s in slots if s.role is Role.OPERAND))
+        if previous is not None and previous[0] != waiting:
+            crossed = None
+        per_target = {}
+        self._per_target[expr] = (waiting, per_target)
         proposals = []
         for i, s in targets:
             is_pending = s.reduction and s.role is Role.RESULT
-            if not s.compound:
-                f = s.factors[0]
-                kind = kinds[f]
-                if kind is FactorKind.REPLICATED:
-                    ops = []
-                elif i in linked:
-                    ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv and not o.linked]
-                else:
-                    ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv]
-                if is_pending and kind is FactorKind.SUM:
-                    ops = self._pending_options(f, ops, slots)
-                    if ops is None:
-                        continue
-                if not ops:
-                    continue
-                # one factor: one proposal per opinion
-                stage = Stage.crossing(kind, False)
-                if waiting:
-                    stage = max(stage, Stage.CONTRACTION)
-                for c in ops:
-                    mesh_axes, key = self._layout_facts(c.digits)
-                    proposals.append(Proposal(
-                        s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
-                        s.names, c.tv, Direction.between(c.role, s.role), s.reduction, mesh_axes, key))
+            if crossed is not None and not (is_pending and has_sum) and crossed.isdisjoint(s.factors):
+                kept = previous[1].get(i)
+                if kept:
+                    per_target[i] = kept
+                    proposals += kept
                 continue
-            per_factor = []
-            for f in s.factors:
-                kind = kinds[f]
-                ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o.tv is not s.tv]
-                if is_pending and kind is FactorKind.SUM:
-                    ops = self._pending_options(f, ops, slots)
-                    if ops is None:
-                        per_factor = None
-                        break
-                per_factor.append(ops)
-            if per_factor is None or not any(per_factor):
-                continue
-            # a factor nobody has an opinion on stays whole in this proposal
-            options = [o if o else [None] for o in per_factor]
-            for combo in itertools.product(*options):
-                real = [c for c in combo if c is not None]
-                digits = layout.join_layouts([c.digits if c is not None else () for c in combo], s.extents)
-                first = real[0]
-                proposals.append(Proposal(
-                    s.tv, s.axis, digits, next((c.mesh for c in real if c.mesh is not None), None),
-                    max(c.priority for c in real), Stage.RESHAPE, expr, s.names, first.tv,
-                    Direction.between(first.role, s.role), s.reduction,
-                ))
+            start = len(proposals)
+            self._target_proposals(i, s, expr, rule, kinds, opinions, linked, waiting, is_pending, slots, proposals)
+            if len(proposals) > start:
+                per_target[i] = proposals[start:]
         return proposals
+
+    def _target_proposals(self, i, s, expr, rule, kinds, opinions, linked, waiting, is_pending, slots, proposals):
+        """Appends the proposals for target slot i (AxisFactors s) of expr."""
+        if not s.compound:
+            f = s.factors[0]
+            kind = kinds[f]
+            if kind is FactorKind.REPLICATED:
+                ops = []
+            elif i in linked:
+                ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv and not o.linked]
+            else:
+                ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv]
+            if is_pending and kind is FactorKind.SUM:
+                ops = self._pending_options(f, ops, slots)
+                if ops is None:
+                    return
+            if not ops:
+                return
+            # one factor: one proposal per opinion
+            stage = Stage.crossing(kind, False)
+            if waiting:
+                stage = max(stage, Stage.CONTRACTION)
+            for c in ops:
+                mesh_axes, key = self._layout_facts(c.digits)
+                proposals.append(Proposal(
+                    s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
+                    s.names, c.tv, Direction.between(c.role, s.role), s.reduction, mesh_axes, key))
+            return
+        per_factor = []
+        for f in s.factors:
+            kind = kinds[f]
+            ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o.tv is not s.tv]
+            if is_pending and kind is FactorKind.SUM:
+                ops = self._pending_options(f, ops, slots)
+                if ops is None:
+                    per_factor = None
+                    break
+            per_factor.append(ops)
+        if per_factor is None or not any(per_factor):
+            return
+        # a factor nobody has an opinion on stays whole in this proposal
+        options = [o if o else [None] for o in per_factor]
+        for combo in itertools.product(*options):
+            real = [c for c in combo if c is not None]
+            digits = layout.join_layouts([c.digits if c is not None else () for c in combo], s.extents)
+            first = real[0]
+            proposals.append(Proposal(
+                s.tv, s.axis, digits, next((c.mesh for c in real if c.mesh is not None), None),
+                max(c.priority for c in real), Stage.RESHAPE, expr, s.names, first.tv,
+                Direction.between(first.role, s.role), s.reduction,
+            ))
 
     def _layout_facts(self, digits) -> tuple:
         """(mesh axes as a frozenset, layout.key) of a layout, remembered per
@@ -362,7 +399,8 @@ class Engine:
                     break
         return options
 
-    def _refresh(self, exprs) -> None:
+    def _refresh(self, exprs, changed=None) -> None:
+        """Re-derives the exprs' proposals (changed: see _expr_proposals)."""
         touched = set()
         by_target = self.by_target
         internal = self.classes.internal
@@ -374,7 +412,7 @@ class Engine:
                 for tv in {p.tv for p in old}:
                     touched.add(tv)
                     by_target.get(tv, {}).pop(e, None)
-            new = self._expr_proposals(e)
+            new = self._expr_proposals(e, changed)
             self.proposals[e] = new
             for p in new:
                 touched.add(p.tv)
@@ -399,9 +437,12 @@ class Engine:
     def valid(self, tv) -> list:
         """tv's proposals that still fit it, merged into one Choice per layout."""
         merged: dict = {}
+        by_expr = self.by_target.get(tv)
+        if not by_expr:
+            return []
         used_it, used_red = self.used(tv, False), self.used(tv, True)
         decided, own_mesh = self.decided[tv], self.mesh[tv] or self.home.get(tv)
-        for props in self.by_target.get(tv, {}).values():
+        for props in by_expr.values():
             for p in props:
                 if decided[p.axis] is not None:
                     continue
@@ -473,6 +514,11 @@ class Engine:
         if self.mesh[tv] is None and mesh is not None:
             self.mesh[tv] = mesh
         self.decided[tv][axis] = decision
+        axes = self._changed_axes.get(tv)
+        if axes is None:
+            self._changed_axes[tv] = {axis}
+        else:
+            axes.add(axis)
         self._used_cache.pop((tv, self._reduction_axes[tv][axis]), None)
         self.log.decide(tv, axis, digits, decision.source, decision.priority, decision.stage.describe(), reason)
         if tv in self._classes or tv in self.by_target:
@@ -563,12 +609,14 @@ class Engine:
                 self._apply([(tv, c) for c in choices], reason)
 
     def _after_change(self, changed) -> None:
+        axes, self._changed_axes = self._changed_axes, {}
         exprs: dict = {}
-        for tv in sorted(changed, key=_number):
+        # (every decided tensor is among `changed`; the union keeps that true)
+        for tv in sorted(set(changed).union(axes), key=_number):
             self._invalidate(tv)
             for e in self.adjacent.get(tv, []):
                 exprs[e] = None
-        self._refresh(list(exprs))
+        self._refresh(list(exprs), axes if self._refresh_by_factor else None)
 
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
