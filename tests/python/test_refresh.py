@@ -20,6 +20,7 @@ PT = nvfuser.ParallelType
 
 
 def _run(fd, shapes, refresh_by_factor: bool):
+    """(every tensor's final sharding, the log text, (expr, tensor, axis) per target derivation)."""
     sizes = _sizes(fd.fusion, shapes, None)
     program = Program(fd.fusion, sizes)
     log = DecisionLog()
