@@ -26,8 +26,9 @@ import os
 import sys
 import warnings
 
-# The propagation and decomposition passes, their cost model, and the layout
-# and size algebra they run on: the code a plan spends its time in.
+# The code a plan spends its time in: the propagation and decomposition
+# passes with their cost model, the plan and annotation checks, the layout
+# and size algebra, and the IR nodes, meshes and op rules they all read.
 COMPILED = (
     "nvshard.preseg.engine",
     "nvshard.preseg.classes",
@@ -39,15 +40,15 @@ COMPILED = (
     "nvshard.preseg.decompose_reshardings",
     "nvshard.preseg.program",
     "nvshard.preseg.log",
-    "nvshard.multidevice.layout",
-    "nvshard.ir.sizes",
-    "nvshard.ir.nodes",
-    "nvshard.ir.size_evaluator",
-    "nvshard.preseg.validate",
     "nvshard.preseg.plan",
+    "nvshard.preseg.validate",
+    "nvshard.multidevice.layout",
     "nvshard.multidevice.mesh",
-    "nvshard.ops.common",
+    "nvshard.ir.sizes",
+    "nvshard.ir.size_evaluator",
+    "nvshard.ir.nodes",
     "nvshard.ops.registry",
+    "nvshard.ops.common",
 )
 
 # Written by setup.py's build next to this file: {module: sha256 of the source it compiled}.
