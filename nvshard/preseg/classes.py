@@ -49,26 +49,34 @@ class PassThroughClasses:
         self.links: dict = {}  # (tv, axis) -> [Link]
         self.linked_positions: dict = {}  # expr -> positions in axis_factors(expr) that are linked
         self.internal: set = set()  # exprs whose every axis is linked: they never propose
-        self._parent: dict = {}
+        self._parent = None  # union-find over the links, built when a class is first asked for
         for e in program.exprs if program is not None else ():
             if e.tv_outputs:
                 self._link_expr(e, program.rule(e), frozen, home)
 
     def _link_expr(self, expr, rule, frozen, home) -> None:
         slots = axis_factors(expr, rule)
+        groups = _pass_groups(rule, slots)
+        if not groups:
+            return
         positions = []
         links = self.links
-        for group in _pass_groups(rule, slots):
+        for group in groups:
             members = [i for i in group if slots[i].tv not in frozen]
-            stages = {home.get(slots[i].tv) for i in members}
-            parts = [members] if len(stages) == 1 else [
-                [i for i in members if home.get(slots[i].tv) == mesh] for mesh in stages]
+            if len(members) < 2:
+                continue
+            stage = home.get(slots[members[0]].tv)
+            if all(home.get(slots[i].tv) == stage for i in members):
+                parts = [members]
+            else:  # a stage cut: each stage's axes link among themselves
+                stages = {home.get(slots[i].tv) for i in members}
+                parts = [[i for i in members if home.get(slots[i].tv) == mesh] for mesh in stages]
             for part in parts:
-                if len({id(slots[i].tv) for i in part}) < 2:
-                    continue  # one tensor (x * x) links nothing
                 axes = tuple([slots[i] for i in part])
+                first = axes[0].tv
+                if all(a.tv is first for a in axes):
+                    continue  # one tensor (x * x) links nothing
                 link = Link(expr, axes)
-                first = (axes[0].tv, axes[0].axis)
                 for a in axes:
                     key = (a.tv, a.axis)
                     out = links.get(key)
@@ -76,15 +84,13 @@ class PassThroughClasses:
                         links[key] = [link]
                     else:
                         out.append(link)
-                    if key != first:
-                        self._union(first, key)
                 positions += part
         if positions:
             self.linked_positions[expr] = frozenset(positions)
             if len(positions) == len(slots):
                 self.internal.add(expr)
 
-    # -- union-find -------------------------------------------------------------------------
+    # -- union-find (asked for by tests and tools; the spread walks links) ---------------------------
     def _find(self, slot):
         parent = self._parent
         root = slot
@@ -99,12 +105,22 @@ class PassThroughClasses:
         if ra != rb:
             self._parent[rb] = ra
 
+    def _grouped(self) -> None:
+        if self._parent is None:
+            self._parent = {}
+            for key, out in self.links.items():
+                for link in out:
+                    first = link.members[0]
+                    self._union((first.tv, first.axis), key)
+
     def class_of(self, tv, axis):
         """A representative axis of the class (tv, axis) is in (itself when unlinked)."""
+        self._grouped()
         return self._find((tv, axis))
 
     def count(self) -> tuple:
         """(classes, linked axes)."""
+        self._grouped()
         roots = {self._find(s) for s in self.links}
         return len(roots), len(self.links)
 
