@@ -143,7 +143,7 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from .api import propagate_shardings, simulate
-    from .preseg.reshard import format_bytes
+    from .multidevice.collectives import format_bytes
 
     fd, shapes, namespace = load(args.file, args.fusion, args.shapes, args.symbolic)
     times = []

@@ -19,7 +19,8 @@ from ..ir.nodes import TensorView
 from .program import TvState
 from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
 from ..multidevice import layout
-from .reshard import NumelModel, format_bytes, plan_reshard
+from ..multidevice.collectives import format_bytes
+from .reshard import NumelModel, plan_reshard
 
 SYMBOLIC_EXTENT_GUESS = 2048
 MAX_COMPLETIONS = 64

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..multidevice import layout
-from ..multidevice.collectives import collective, format_bytes  # noqa: F401 - format_bytes: callers import it here
+from ..multidevice.collectives import collective, format_bytes
 from .program import TvState
 
 

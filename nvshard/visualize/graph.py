@@ -24,7 +24,7 @@ from typing import Optional
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
-from ..preseg.reshard import format_bytes
+from ..multidevice.collectives import format_bytes
 
 # One colour per mesh axis, readable on white and distinct for colour-blind readers (Okabe-Ito).
 AXIS_COLORS = {"x": "#0072B2", "y": "#D55E00", "z": "#009E73"}
