@@ -35,7 +35,10 @@ class ParallelType(enum.Enum):
     # nvFuser spells device parallel types DIDx/DIDy/DIDz too.
     @property
     def mesh_axis(self) -> Optional[str]:
-        return self.value if self.value in layout.MESH_AXES else None
+        # _value_, not .value: Enum.value is a property run as Python code,
+        # and every layout read asks each axis this
+        value = self._value_
+        return value if value in layout.MESH_AXES else None
 
     @classmethod
     def of_mesh_axis(cls, axis: str) -> "ParallelType":

@@ -37,7 +37,7 @@ class Stage(enum.IntEnum):
         return Stage.PASS_THROUGH
 
     def describe(self) -> str:
-        return self.name.lower().replace("_", "-")
+        return self._name_.lower().replace("_", "-")  # (Enum.name runs as Python code)
 
 
 class Direction(enum.Enum):
