@@ -92,7 +92,7 @@ class Proposal:
             self.key = layout.key(self.digits)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Choice:
     """A layout for one axis of a tensor, with every proposal that offers it."""
 
@@ -181,7 +181,7 @@ class Propagated:
 Source = Union[Annotation, UnannotatedInput, Unreached, Propagated]
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     digits: tuple
     priority: int
