@@ -8,8 +8,9 @@ targets), and both tensors in the same pipeline stage. An expr with a
 contraction factor links nothing: what crosses a contraction waits for all
 its operands (engine.py), so it is decided where classes meet.
 
-Union-find groups linked axes into classes. The engine spreads a decision
-along its class's links in one pass, a link layer at a time (so waves that
+A class is what the links join (union-find groups them when asked, for
+tests and tools; the engine needs only the links). The engine spreads a
+decision along its class's links in one pass, a link layer at a time (so waves that
 meet compete as they would through proposals), without recomputing the
 proposals of the exprs in between; the exprs where classes meet (a
 contraction, a reshape, an annotated or replicated factor) keep proposing.

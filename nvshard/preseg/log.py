@@ -18,38 +18,38 @@ class DecisionLog:
     decisions and usually nobody prints them."""
 
     def __init__(self):
-        self.entries: list[tuple] = []  # (tensor, text, a LoggedDecision or a LoggedConflict)
+        self.entries: list = []  # LoggedDecision, LoggedConflict or LoggedNote, each naming its tensor
         self._notes: set = set()
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
         """`source` is formatted with str() when the log is read."""
-        self.entries.append((tv, LoggedDecision(tv, axis, digits, source, priority, stage, reason)))
+        self.entries.append(LoggedDecision(tv, axis, digits, source, priority, stage, reason))
 
     def note(self, tv, text: str) -> None:
         if (tv, text) not in self._notes:
             self._notes.add((tv, text))
-            self.entries.append((tv, text))
+            self.entries.append(LoggedNote(tv, text))
 
     def conflict(self, tv, scored: list, winner: list, reason: str) -> None:
         # The candidates' choices may still be merged (and change) after this:
         # keep what the text needs as plain values, formatted when read.
         candidates = tuple((cand is winner, tuple(sorted((m.axis, m.digits, m.priority) for m in cand)), cost)
                            for cand, cost in scored)
-        self.entries.append((tv, LoggedConflict(tv, len(scored), reason, candidates)))
+        self.entries.append(LoggedConflict(tv, len(scored), reason, candidates))
 
     def explain(self, tv) -> list[str]:
-        return [_text(entry) for t, entry in self.entries if t is tv]
+        return [entry.text() for entry in self.entries if entry.tv is tv]
 
     def decisions(self, tv) -> list[LoggedDecision]:
         """The decisions about tv's axes, in the order they were made."""
-        return [entry for t, entry in self.entries if t is tv and isinstance(entry, LoggedDecision)]
+        return [entry for entry in self.entries if entry.tv is tv and isinstance(entry, LoggedDecision)]
 
     def conflicts(self, tv) -> list[LoggedConflict]:
         """The conflicts resolved at tv, in order."""
-        return [entry for t, entry in self.entries if t is tv and isinstance(entry, LoggedConflict)]
+        return [entry for entry in self.entries if entry.tv is tv and isinstance(entry, LoggedConflict)]
 
     def text(self) -> str:
-        return "\n".join(_text(entry) for _, entry in self.entries)
+        return "\n".join(entry.text() for entry in self.entries)
 
 
 class LoggedDecision(NamedTuple):
@@ -94,11 +94,18 @@ class LoggedConflict(NamedTuple):
         return "\n".join(lines)
 
 
+class LoggedNote(NamedTuple):
+    """Something the log says about a tensor that is not a decision."""
+
+    tv: Any
+    note: str
+
+    def text(self) -> str:
+        return self.note
+
+
 def _axis_name(tv, axis: int) -> str:
     id_ = tv.logical[axis]
     kind = "pending sum on reduction axis" if id_.is_reduction() else "axis"
     return f"{tv.short_name()} {kind} {axis}"
 
-
-def _text(entry) -> str:
-    return entry if isinstance(entry, str) else entry.text()

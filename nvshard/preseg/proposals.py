@@ -151,11 +151,13 @@ class Propagated:
     proposals and choices are freed with the engine rather than living as
     long as the plan's log."""
 
-    __slots__ = ("via", "tensors")
+    __slots__ = ("direction", "expr", "factor", "tensors")  # flat: a plan keeps one per decision
 
     def __init__(self, choice: Choice):
         first = choice.sources[0] if choice.sources else None
-        self.via = None if first is None else (first.direction, first.expr, first.factor)
+        self.direction = self.expr = self.factor = None
+        if first is not None:
+            self.direction, self.expr, self.factor = first.direction, first.expr, first.factor
         self.tensors = tuple(s.source for s in choice.sources if s.source is not None)
 
     @classmethod
@@ -163,15 +165,14 @@ class Propagated:
         """Carried (direction, expr, factor names) from `tensors`, with no
         Choice behind it (a pass-through class's spread)."""
         self = cls.__new__(cls)
-        self.via = via
+        self.direction, self.expr, self.factor = via
         self.tensors = tuple(tensors)
         return self
 
     def __str__(self) -> str:
-        if self.via is None:
+        if self.expr is None:
             return "conflict resolution"
-        direction, expr, factor = self.via
-        via = f"{direction.value} through {expr.op.name} (factor {factor})"
+        via = f"{self.direction.value} through {self.expr.op.name} (factor {self.factor})"
         names = sorted({t.short_name() for t in self.tensors}, key=lambda n: int(n[1:]))
         if names:
             via += " from " + ", ".join(names)
