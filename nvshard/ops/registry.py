@@ -32,14 +32,14 @@ class FactorKind(enum.Enum):
     REPLICATED = "replicated"
 
 
-@dataclass
+@dataclass(slots=True)
 class Factor:
     name: str
     extent: Size
     kind: FactorKind
 
 
-@dataclass
+@dataclass(slots=True)
 class ShardingRule:
     factors: list[Factor] = field(default_factory=list)
     operands: list[list[tuple]] = field(default_factory=list)  # per TensorView input

@@ -26,7 +26,7 @@ from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 
 
-@dataclass
+@dataclass(slots=True)
 class Scored:
     """A conflict candidate and what decides its rank."""
 

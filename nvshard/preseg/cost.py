@@ -26,7 +26,7 @@ SYMBOLIC_EXTENT_GUESS = 2048
 MAX_COMPLETIONS = 64
 
 
-@dataclass
+@dataclass(slots=True)
 class Cost:
     weight: float = 0.0
     other: float = 0.0

@@ -143,7 +143,7 @@ def resolved(tv, state: TvState) -> TvState:
     return TvState(state.mesh, [() if id_.is_reduction() else d for id_, d in zip(tv.logical, state.layouts)])
 
 
-@dataclass
+@dataclass(slots=True)
 class ComputePlan:
     """How one expr computes: the layout of every factor, how each operand
     must arrive and how each result comes out (pending sums on its

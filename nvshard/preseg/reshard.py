@@ -25,7 +25,7 @@ from ..multidevice.collectives import collective, format_bytes
 from .program import TvState
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     kind: str
     mesh_axis: Optional[str]
