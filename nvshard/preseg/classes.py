@@ -10,10 +10,11 @@ its operands (engine.py), so it is decided where classes meet.
 
 A class is what the links join (union-find groups them when asked, for
 tests and tools; the engine needs only the links). The engine spreads a
-decision along its class's links in one pass, a link layer at a time (so waves that
-meet compete as they would through proposals), without recomputing the
-proposals of the exprs in between; the exprs where classes meet (a
-contraction, a reshape, an annotated or replicated factor) keep proposing.
+decision along its class's links in one pass, a link layer at a time (so
+waves that meet compete as they would through proposals), without
+recomputing the proposals of the exprs in between; the exprs where classes
+meet (a contraction, a reshape, an annotated or replicated factor) keep
+proposing.
 """
 
 from __future__ import annotations
