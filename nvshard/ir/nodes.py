@@ -82,6 +82,11 @@ class IterDomain:
     compared lexicographically: outer before inner). `is_remainder` marks the
     ceilDiv part of a split; every logical axis has exactly one."""
 
+    __slots__ = (
+        "number", "_extent", "iter_type", "expanded", "parallel_type", "logical_axis", "path",
+        "is_remainder", "display", "printed_extent", "printed_suffix", "owner", "swizzle"
+    )
+
     def __init__(
         self,
         number: int,
@@ -144,6 +149,8 @@ class IterDomain:
 
 
 class Val:
+    __slots__ = ("fusion", "definition", "uses")
+
     def __init__(self, fusion: "Fusion"):
         self.fusion = fusion
         self.definition: Optional[Expr] = None
@@ -154,6 +161,8 @@ class Scalar(Val):
     """A scalar: a constant, a symbolic fusion input, or computed by an Expr
     (`fd.ops.size`, scalar arithmetic). `extent_size` is the symbolic extent
     it equals when known (so reshapes by `fd.ops.size(x, 0)` stay symbolic)."""
+
+    __slots__ = ("_dtype", "value", "name", "extent_size")
 
     def __init__(self, fusion, dtype: DataType, value=None, name: Optional[str] = None):
         super().__init__(fusion)
@@ -198,6 +207,11 @@ class Scalar(Val):
 
 
 class TensorView(Val):
+    __slots__ = (
+        "number", "_dtype", "logical", "loop", "_non_reduction", "mesh", "sharding_priority", "allocation",
+        "contiguity", "stride_order", "is_cpu", "memory_type", "printed_memory"
+    )
+
     def __init__(self, fusion, number: int, dtype: DataType, logical: list[IterDomain]):
         super().__init__(fusion)
         self.number = number
@@ -464,6 +478,11 @@ def _ceil_div(extent: Size, factor: int):
 
 
 class Expr:
+    __slots__ = (
+        "op", "inputs", "outputs", "attrs", "_rule", "_sized_rules", "_tv_inputs", "_tv_outputs",
+        "broadcast_axes", "origin"
+    )
+
     def __init__(self, op, inputs: list, outputs: list, attrs: Optional[dict] = None):
         self.op = op
         self.inputs = list(inputs)
