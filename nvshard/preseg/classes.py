@@ -46,6 +46,8 @@ class Link(NamedTuple):
 
 
 class PassThroughClasses:
+    __slots__ = ("links", "linked_positions", "internal", "_parent")
+
     def __init__(self, program, frozen: set, home: dict):
         """program None: no links (every decision travels by proposals)."""
         self.links: dict = {}  # (tv, axis) -> [Link]

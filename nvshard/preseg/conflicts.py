@@ -44,6 +44,8 @@ class ConflictResolver:
     """Resolves one conflicted tensor at a time against the engine's current
     state (decisions, meshes and choices)."""
 
+    __slots__ = ("engine", "cost", "_answers")
+
     def __init__(self, engine):
         self.engine = engine
         self.cost = engine.cost

@@ -76,6 +76,11 @@ class Cost:
 
 
 class CostModel:
+    __slots__ = (
+        "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "_digit_keys", "_expr_questions",
+        "_weights"
+    )
+
     def __init__(self, program, sizes=None):
         self.program = program
         self.sizes = sizes
@@ -236,6 +241,8 @@ def _extent(sizes, tv: TensorView, k: int) -> float:
 class _RememberingNumel(NumelModel):
     """A NumelModel that computes each tensor's signature once per plan
     (every reshard plan looks it up)."""
+
+    __slots__ = ("_signatures",)
 
     def __init__(self, extent):
         super().__init__(extent)

@@ -34,6 +34,8 @@ class _Rewrite:
     closures: compiled, closures that call each other form a cycle, which
     would hold every reshard signature until the collector ran.)"""
 
+    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans")
+
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
         self.numel = numel

@@ -17,6 +17,8 @@ class DecisionLog:
     """Entries are formatted only when read: big fusions log thousands of
     decisions and usually nobody prints them."""
 
+    __slots__ = ("entries", "_notes")
+
     def __init__(self):
         self.entries: list = []  # LoggedDecision, LoggedConflict or LoggedNote, each naming its tensor
         self._notes: set = set()

@@ -53,6 +53,11 @@ def annotated_state(tv: TensorView) -> TvState:
 
 
 class Program:
+    __slots__ = (
+        "fusion", "sizes", "exprs", "inputs", "input_set", "outputs", "state", "_tv_counter", "_id_counter",
+        "_rendered", "_rules", "producer", "consumers", "_positions"
+    )
+
     def __init__(self, fusion, sizes=None):
         self.fusion = fusion
         self.sizes = sizes  # concrete sizes (a SizeEvaluator) or None

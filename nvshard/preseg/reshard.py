@@ -45,6 +45,8 @@ class NumelModel:
     """Local element counts of a tensor for a state; `extent(tv, k)` is the
     global extent of logical axis k (a number, possibly an estimate)."""
 
+    __slots__ = ("extent", "plans")
+
     def __init__(self, extent: Callable):
         self.extent = extent
         self.plans: dict = {}  # reshard plans by tensor signature and layouts

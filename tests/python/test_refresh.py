@@ -19,18 +19,23 @@ from fusion_strategies import FusionCase, fusions
 PT = nvfuser.ParallelType
 
 
+class _CountingEngine(Engine):
+    """Records (expr, tensor, axis) per target derivation."""
+
+    def _target_proposals(self, i, s, expr, *rest):
+        self.derived.append((expr, s.tv, s.axis))
+        return super()._target_proposals(i, s, expr, *rest)
+
+
 def _run(fd, shapes, refresh_by_factor: bool):
     """(every tensor's final sharding, the log text, (expr, tensor, axis) per target derivation)."""
     sizes = _sizes(fd.fusion, shapes, None)
     program = Program(fd.fusion, sizes)
     log = DecisionLog()
-    engine = Engine(program, CostModel(program, sizes), log, refresh_by_factor=refresh_by_factor)
-    derived = []
-    target_proposals = engine._target_proposals
-    engine._target_proposals = lambda i, s, expr, *rest: (derived.append((expr, s.tv, s.axis)),
-                                                          target_proposals(i, s, expr, *rest))
+    engine = _CountingEngine(program, CostModel(program, sizes), log, refresh_by_factor=refresh_by_factor)
+    engine.derived = []
     engine.run()
-    return [program.state[tv].key() for tv in fd.fusion.tvs()], log.text(), derived
+    return [program.state[tv].key() for tv in fd.fusion.tvs()], log.text(), engine.derived
 
 
 def _mlp(layers: int):
