@@ -73,6 +73,11 @@ class IterType(enum.Enum):
     GatherScatter = "n"  # a gather's result axis (nvFuser's IterType::GatherScatter)
 
 
+# Members read in inner loops, as module names: on Python 3.11 every attribute
+# read on an Enum class goes through EnumType.__getattr__'s slot hook.
+_REDUCTION, _BROADCAST = IterType.Reduction, IterType.Broadcast
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -119,10 +124,10 @@ class IterDomain:
         return self._extent
 
     def is_reduction(self) -> bool:
-        return self.iter_type is IterType.Reduction
+        return self.iter_type is _REDUCTION
 
     def is_broadcast(self) -> bool:
-        return self.iter_type is IterType.Broadcast
+        return self.iter_type is _BROADCAST
 
     def is_device_dim(self) -> bool:
         return self.parallel_type.mesh_axis is not None

@@ -25,6 +25,11 @@ from ..ops.registry import FactorKind
 from .projection import Role, axis_factors
 from .proposals import Direction
 
+# Members read in inner loops, as module names: on Python 3.11 every attribute
+# read on an Enum class goes through EnumType.__getattr__'s slot hook.
+_OPERAND = Role.OPERAND
+_FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
+
 
 class Link(NamedTuple):
     """Where a decision on one axis spreads: the expr and the linked axes on
@@ -41,8 +46,8 @@ class Link(NamedTuple):
             if m.tv is tv:
                 role = m.role
                 break
-        across = Direction.FORWARD if role is Role.OPERAND else Direction.BACKWARD
-        return [(m, Direction.SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
+        across = _FORWARD if role is _OPERAND else _BACKWARD
+        return [(m, _SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
 
 
 class PassThroughClasses:

@@ -53,6 +53,13 @@ from .projection import Role, axis_factors, split_axis
 from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Proposal, Propagated, Stage,
                         UnannotatedInput, Unreached, compete)
 
+# Members read in inner loops, as module names: on Python 3.11 every attribute
+# read on an Enum class goes through EnumType.__getattr__'s slot hook.
+_OPERAND, _RESULT = Role.OPERAND, Role.RESULT
+_SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
+_PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
+_crossing, _between = Stage.crossing, Direction.between
+
 
 class Engine:
     __slots__ = (
@@ -303,14 +310,14 @@ class Engine:
         # stage, so the pass-through wave reaches that operand first.
         waiting = (has_sum and not self.releasing
                    and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
-                           for s in slots if s.role is Role.OPERAND))
+                           for s in slots if s.role is _OPERAND))
         if previous is not None and previous[0] != waiting:
             crossed = None
         per_target = {}
         self._per_target[expr] = (waiting, per_target)
         proposals = []
         for i, s in targets:
-            is_pending = s.reduction and s.role is Role.RESULT
+            is_pending = s.reduction and s.role is _RESULT
             if crossed is not None and not (is_pending and has_sum) and crossed.isdisjoint(s.factors):
                 kept = previous[1].get(i)
                 if kept:
@@ -328,33 +335,33 @@ class Engine:
         if not s.compound:
             f = s.factors[0]
             kind = kinds[f]
-            if kind is FactorKind.REPLICATED:
+            if kind is _REPLICATED:
                 ops = []
             elif i in linked:
                 ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv and not o.linked]
             else:
                 ops = [o for o in opinions.get(f, ()) if o.tv is not s.tv]
-            if is_pending and kind is FactorKind.SUM:
+            if is_pending and kind is _SUM:
                 ops = self._pending_options(f, ops, slots)
                 if ops is None:
                     return
             if not ops:
                 return
             # one factor: one proposal per opinion
-            stage = Stage.crossing(kind, False)
+            stage = _crossing(kind, False)
             if waiting:
-                stage = max(stage, Stage.CONTRACTION)
+                stage = max(stage, _CONTRACTION)
             for c in ops:
                 mesh_axes, key = self._layout_facts(c.digits)
                 proposals.append(Proposal(
-                    s.tv, s.axis, c.digits, c.mesh, c.priority, Stage.RESHAPE if c.compound else stage, expr,
-                    s.names, c.tv, Direction.between(c.role, s.role), s.reduction, mesh_axes, key))
+                    s.tv, s.axis, c.digits, c.mesh, c.priority, _RESHAPE if c.compound else stage, expr,
+                    s.names, c.tv, _between(c.role, s.role), s.reduction, mesh_axes, key))
             return
         per_factor = []
         for f in s.factors:
             kind = kinds[f]
-            ops = [] if kind is FactorKind.REPLICATED else [o for o in opinions.get(f, ()) if o.tv is not s.tv]
-            if is_pending and kind is FactorKind.SUM:
+            ops = [] if kind is _REPLICATED else [o for o in opinions.get(f, ()) if o.tv is not s.tv]
+            if is_pending and kind is _SUM:
                 ops = self._pending_options(f, ops, slots)
                 if ops is None:
                     per_factor = None
@@ -370,8 +377,8 @@ class Engine:
             first = real[0]
             proposals.append(Proposal(
                 s.tv, s.axis, digits, next((c.mesh for c in real if c.mesh is not None), None),
-                max(c.priority for c in real), Stage.RESHAPE, expr, s.names, first.tv,
-                Direction.between(first.role, s.role), s.reduction,
+                max(c.priority for c in real), _RESHAPE, expr, s.names, first.tv,
+                _between(first.role, s.role), s.reduction,
             ))
 
     def _layout_facts(self, digits) -> tuple:
@@ -390,7 +397,7 @@ class Engine:
         'replicated' when an operand cannot take the proposed mesh axes."""
         options = list(ops)
         for s in slots:
-            if s.role is not Role.OPERAND or f not in s.factors:
+            if s.role is not _OPERAND or f not in s.factors:
                 continue
             tv = s.tv
             d = self.decided[tv][s.axis]
@@ -402,7 +409,7 @@ class Engine:
             for o in ops:
                 if used & set(layout.mesh_axes_of(o.digits)):
                     prio = max((x.priority for x in self.decided[tv] if x is not None), default=self.level)
-                    options.append(Opinion((), tv, min(prio, self.level), Role.OPERAND, self.mesh[tv], False, False))
+                    options.append(Opinion((), tv, min(prio, self.level), _OPERAND, self.mesh[tv], False, False))
                     break
         return options
 
@@ -570,7 +577,7 @@ class Engine:
                     d, mesh, _, via = offers[0]
                     source = Propagated.through(via, [o[2] for o in offers])
                     priority = min(o[0].priority for o in offers)
-                    self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, Stage.PASS_THROUGH, source), "")
+                    self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))
             changed.update(t for t, _ in frontier)
         return changed
@@ -594,7 +601,7 @@ class Engine:
         """The arriving layouts as proposals beside tv's others, classified
         as any proposals are: the easy choices they make up are decided, the
         rest stay proposals. Returns the axes decided."""
-        arriving = [Proposal(tv, axis, d.digits, mesh, d.priority, Stage.PASS_THROUGH, expr, names, src, direction,
+        arriving = [Proposal(tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src, direction,
                              False, *self._layout_facts(d.digits))
                     for axis in sorted(per_axis) for d, mesh, src, (direction, expr, names) in per_axis[axis]]
         self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(arriving)

@@ -31,10 +31,10 @@ class Stage(enum.IntEnum):
         """Pass-through factors first, then contractions (pending sums), then
         factors a reshape splits or merges."""
         if compound:
-            return Stage.RESHAPE
-        if kind is FactorKind.SUM:
-            return Stage.CONTRACTION
-        return Stage.PASS_THROUGH
+            return _RESHAPE
+        if kind is _SUM:
+            return _CONTRACTION
+        return _PASS_THROUGH
 
     def describe(self) -> str:
         return self._name_.lower().replace("_", "-")  # (Enum.name runs as Python code)
@@ -49,11 +49,19 @@ class Direction(enum.Enum):
     def between(src_role, dst_role) -> "Direction":
         """From an operand to a result is forward, back is backward; between
         two operands (or two results) sideways."""
-        if src_role is Role.OPERAND and dst_role is Role.RESULT:
-            return Direction.FORWARD
-        if src_role is Role.RESULT and dst_role is Role.OPERAND:
-            return Direction.BACKWARD
-        return Direction.SIDEWAYS
+        if src_role is _OPERAND and dst_role is _RESULT:
+            return _FORWARD
+        if src_role is _RESULT and dst_role is _OPERAND:
+            return _BACKWARD
+        return _SIDEWAYS
+
+
+# Members read in inner loops, as module names: on Python 3.11 every attribute
+# read on an Enum class goes through EnumType.__getattr__'s slot hook.
+_PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
+_FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
+_OPERAND, _RESULT = Role.OPERAND, Role.RESULT
+_SUM = FactorKind.SUM
 
 
 class Opinion(NamedTuple):
