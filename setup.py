@@ -23,7 +23,7 @@ def compiled_core() -> list:
         print("nvshard: Cython is not available; the engine will run as Python")
         return []
     sources = [module.replace(".", "/") + ".py" for module in NATIVE["COMPILED"]]
-    return cythonize(sources, compiler_directives={"language_level": 3, "annotation_typing": False},
+    return cythonize(sources, compiler_directives={"language_level": 3, "annotation_typing": False, "nonecheck": True},
                      nthreads=os.cpu_count() or 1, quiet=True)
 
 

@@ -65,8 +65,15 @@ def source_path(module: str, root: str = None) -> str:
 
 
 def source_hash(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """sha256 of a module's .py and, when there is one, the .pxd beside it
+    (its compiled field and local types: part of what was compiled)."""
+    digest = hashlib.sha256()
+    for part in (path, path[: -len(".py")] + ".pxd"):
+        if part != path and not os.path.exists(part):
+            continue
+        with open(part, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
 
 
 def compiled_path(module: str, root: str = None):
@@ -87,7 +94,10 @@ def _manifest(package_dir: str) -> dict:
 
 
 def status(root: str = None, environ=os.environ) -> dict:
-    """module -> "compiled", or why it runs from its source."""
+    """module -> "compiled", or why it runs from its source. The compiled
+    modules run as one unit: they share record types declared in .pxd files
+    (a compiled engine takes only the compiled Decision), so when one of them
+    cannot run compiled, none does."""
     root = root if root is not None else os.path.dirname(_PACKAGE_DIR)
     built = _manifest(os.path.join(root, "nvshard"))
     out = {}
@@ -100,6 +110,11 @@ def status(root: str = None, environ=os.environ) -> dict:
             out[module] = "source (the compiled build is older than the source: rebuild with tools/nvshard setup)"
         else:
             out[module] = "compiled"
+    blocking = [m for m, why in out.items() if why != "compiled"]
+    if blocking:
+        for module, why in out.items():
+            if why == "compiled":
+                out[module] = f"source (runs with {blocking[0]}, which runs from its source)"
     return out
 
 

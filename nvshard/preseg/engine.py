@@ -308,9 +308,7 @@ class Engine:
         # Through a contraction, an operand still open may yet bring a
         # competing sharding: what crosses the op waits for the contraction
         # stage, so the pass-through wave reaches that operand first.
-        waiting = (has_sum and not self.releasing
-                   and any(decided[s.tv][s.axis] is None and not self._closed(s.tv)
-                           for s in slots if s.role is _OPERAND))
+        waiting = has_sum and not self.releasing and self._operand_open(slots)
         if previous is not None and previous[0] != waiting:
             crossed = None
         per_target = {}
@@ -357,6 +355,11 @@ class Engine:
                     s.tv, s.axis, c.digits, c.mesh, c.priority, _RESHAPE if c.compound else stage, expr,
                     s.names, c.tv, _between(c.role, s.role), s.reduction, mesh_axes, key))
             return
+        self._compound_proposals(s, expr, kinds, opinions, is_pending, slots, proposals)
+
+    def _compound_proposals(self, s, expr, kinds, opinions, is_pending, slots, proposals):
+        """_target_proposals for an axis made of several factors (a reshape
+        splits or merges it): one proposal per combination of opinions."""
         per_factor = []
         for f in s.factors:
             kind = kinds[f]
@@ -391,6 +394,13 @@ class Engine:
                 digits, frozenset(layout.mesh_axes_of(digits)), layout.key(digits))
         return known[1], known[2]
 
+    def _operand_open(self, slots) -> bool:
+        """Whether an operand axis is still open and may yet be decided."""
+        for s in slots:
+            if s.role is _OPERAND and self.decided[s.tv][s.axis] is None and not self._closed(s.tv):
+                return True
+        return False
+
     def _pending_options(self, f, ops, slots):
         """Layouts for a pending sum over contraction factor f: only once every
         operand on f has decided (or cannot change), plus an explicit
@@ -408,7 +418,7 @@ class Engine:
             used = self.used(tv, reduction=False)
             for o in ops:
                 if used & set(layout.mesh_axes_of(o.digits)):
-                    prio = max((x.priority for x in self.decided[tv] if x is not None), default=self.level)
+                    prio = max([x.priority for x in self.decided[tv] if x is not None], default=self.level)
                     options.append(Opinion((), tv, min(prio, self.level), _OPERAND, self.mesh[tv], False, False))
                     break
         return options
@@ -490,7 +500,7 @@ class Engine:
         valid = self.valid(tv)
         easy, competing = [], []
         for m in valid:
-            if any(compete(m, o) for o in valid if o is not m):
+            if _competes(m, valid):
                 competing.append(m)
             else:
                 easy.append(m)
@@ -576,10 +586,10 @@ class Engine:
                     offers = per_axis[axis]
                     d, mesh, _, via = offers[0]
                     source = Propagated.through(via, [o[2] for o in offers])
-                    priority = min(o[0].priority for o in offers)
+                    priority = min([o[0].priority for o in offers])
                     self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))
-            changed.update(t for t, _ in frontier)
+            changed.update([t for t, _ in frontier])
         return changed
 
     def _uncontested(self, tv, per_axis: dict) -> bool:
@@ -658,6 +668,14 @@ def _expr_structure(expr, rule) -> tuple:
         kinds = [f.kind for f in rule.factors]
         cached = rule.cache["engine_structure"] = (axis_factors(expr, rule), kinds, FactorKind.SUM in kinds)
     return cached
+
+
+def _competes(m, choices) -> bool:
+    """Whether another of the choices competes with m."""
+    for o in choices:
+        if o is not m and compete(m, o):
+            return True
+    return False
 
 
 def _number(tv) -> int:

@@ -23,7 +23,7 @@ from ..ir.sizes import Size
 from ..multidevice import layout
 
 
-@dataclass(slots=True)
+@dataclass
 class TvState:
     mesh: object = None  # DeviceMesh or None (present on every device)
     layouts: list = field(default_factory=list)  # per logical axis

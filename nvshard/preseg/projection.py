@@ -29,7 +29,7 @@ class Role(enum.Enum):
     RESULT = "result"
 
 
-@dataclass(frozen=True, eq=False, slots=True)
+@dataclass(frozen=True, eq=False)
 class AxisFactors:
     """One axis of one tensor of an expr and the rule factors it is made of
     (outer first)."""

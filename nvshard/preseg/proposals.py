@@ -77,7 +77,7 @@ class Opinion(NamedTuple):
     linked: bool  # read off an axis of a pass-through class (classes.py)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False)
 class Proposal:
     tv: object
     axis: int
@@ -100,7 +100,7 @@ class Proposal:
             self.key = layout.key(self.digits)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False)
 class Choice:
     """A layout for one axis of a tensor, with every proposal that offers it."""
 
@@ -190,7 +190,7 @@ class Propagated:
 Source = Union[Annotation, UnannotatedInput, Unreached, Propagated]
 
 
-@dataclass(slots=True)
+@dataclass
 class Decision:
     digits: tuple
     priority: int

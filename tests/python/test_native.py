@@ -50,12 +50,24 @@ def test_status_runs_the_source_when_the_build_is_stale_missing_or_unwanted(tmp_
     root = str(_fake_tree(tmp_path))
     assert set(native.status(root, environ={}).values()) == {"compiled"}
 
+    # a .pxd beside a module is part of what was compiled (its field and local types)
+    typed = native.COMPILED[2]
+    with open(native.source_path(typed, root)[: -len(".py")] + ".pxd", "w") as f:
+        f.write("cdef class Record:\n    cdef public object field\n")
+    status = native.status(root, environ={})
+    assert "older than the source" in status[typed]
+    # the modules run as one unit: the others run from source with it
+    assert all(status[m] == f"source (runs with {typed}, which runs from its source)"
+               for m in native.COMPILED if m != typed)
+    os.remove(native.source_path(typed, root)[: -len(".py")] + ".pxd")
+    assert set(native.status(root, environ={}).values()) == {"compiled"}
+
     edited = native.COMPILED[0]
     with open(native.source_path(edited, root), "a") as f:
         f.write("# an edit after the build\n")
     status = native.status(root, environ={})
     assert "older than the source" in status[edited]
-    assert all(status[m] == "compiled" for m in native.COMPILED[1:])
+    assert all("runs from its source" in status[m] for m in native.COMPILED[1:])
 
     os.remove(native.compiled_path(native.COMPILED[1], root))
     assert "not compiled" in native.status(root, environ={})[native.COMPILED[1]]

@@ -1,0 +1,55 @@
+import cython
+
+from nvshard.preseg.projection cimport AxisFactors
+from nvshard.preseg.proposals cimport Choice, Decision, Proposal
+
+
+cdef class Engine:
+    cdef public object p, cost, log
+    cdef public dict decided, mesh
+    cdef public set frozen
+    cdef public object level, releasing
+    cdef public dict proposals, by_target, _classes
+    cdef public set _stale
+    cdef public dict _easy_targets
+    cdef public set _conflicted
+    cdef public list _conflict_heap
+    cdef public object _heap_counter
+    cdef public dict adjacent, _reduction_axes, _used_cache, _layouts_seen, _open_to, _per_target, _changed_axes
+    cdef public object _refresh_by_factor
+    cdef public dict home
+    cdef public object resolver, classes
+    cdef public dict depth, canon
+
+    @cython.locals(d=Decision)
+    cpdef set used(self, tv, reduction)
+
+    @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
+                   per_target=dict)
+    cpdef list _expr_proposals(self, expr, changed=*)
+
+    cpdef _target_proposals(self, i, AxisFactors s, expr, rule, kinds, dict opinions, linked, waiting, is_pending,
+                            slots, list proposals)
+
+    @cython.locals(s=AxisFactors)
+    cpdef bint _operand_open(self, slots) except -1
+
+    @cython.locals(s=AxisFactors, d=Decision)
+    cpdef _pending_options(self, f, ops, slots)
+
+    @cython.locals(p=Proposal, m=Choice, merged=dict, decided=list)
+    cpdef list valid(self, tv)
+
+    @cython.locals(m=Choice, o=Choice)
+    cpdef tuple classify(self, tv)
+
+    @cython.locals(m=Choice)
+    cpdef _apply(self, list items, reason=*)
+
+    cpdef _record(self, tv, axis, digits, mesh, Decision decision, reason)
+
+    @cython.locals(d=Decision, end=AxisFactors, decided=dict, meshes=dict, home=dict, arriving=dict, per_axis=dict)
+    cpdef set _spread(self, list frontier)
+
+    @cython.locals(d=Decision)
+    cpdef bint _uncontested(self, tv, dict per_axis) except -1

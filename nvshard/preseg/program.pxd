@@ -1,0 +1,2 @@
+cdef class TvState:
+    cdef public object mesh, layouts

@@ -1,0 +1,2 @@
+cdef class AxisFactors:
+    cdef public object tv, role, position, axis, factors, extents, reduction, names, compound

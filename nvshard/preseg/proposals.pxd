@@ -1,0 +1,16 @@
+# Compiled field layouts for the engine's records (proposals.py stays the
+# reference): typed reads of these fields are struct reads.
+
+cdef class Proposal:
+    cdef public object tv, axis, digits, mesh, priority, stage, expr, factor, source, direction, reduction
+    cdef public object mesh_axes, key
+
+cdef class Choice:
+    cdef public object axis, digits, mesh, priority, stage, reduction
+    cdef public list sources
+    cdef public object mesh_axes
+
+cdef class Decision:
+    cdef public object digits, priority, stage, source
+
+cpdef bint compete(Choice a, Choice b) except -1
