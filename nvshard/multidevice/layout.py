@@ -62,14 +62,14 @@ def block(mesh_axes: Sequence[str], extent: Size, mesh_sizes: dict) -> AxisShard
 
 
 def mesh_axes_of(digits: AxisSharding) -> tuple:
-    return tuple(d for d in digits if isinstance(d, str))
+    return tuple([d for d in digits if isinstance(d, str)])
 
 
 def key(digits: AxisSharding) -> tuple:
     """Hashable, orderable, union-find-stable form for comparisons."""
     if not digits:
         return ()
-    return tuple((0, d) if isinstance(d, str) else (1, d.key()) for d in digits)
+    return tuple([(0, d) if isinstance(d, str) else (1, d.key()) for d in digits])
 
 
 def concrete(digits: AxisSharding, sizes) -> AxisSharding:

@@ -1,2 +1,4 @@
 cdef class TvState:
     cdef public object mesh, layouts
+
+    cpdef tuple key(self)

@@ -45,7 +45,7 @@ class TvState:
         return used
 
     def key(self) -> tuple:
-        return (self.mesh, tuple(layout.key(d) for d in self.layouts))
+        return (self.mesh, tuple([layout.key(d) for d in self.layouts]))
 
 
 def annotated_state(tv: TensorView) -> TvState:

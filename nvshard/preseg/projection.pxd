@@ -1,2 +1,7 @@
 cdef class AxisFactors:
     cdef public object tv, role, position, axis, factors, extents, reduction, names, compound
+
+from nvshard.preseg.program cimport TvState
+
+cpdef bint same_state(TvState a, TvState b) except -1
+cpdef TvState resolved(tv, TvState state)

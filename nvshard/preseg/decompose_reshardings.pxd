@@ -1,0 +1,18 @@
+import cython
+
+from nvshard.preseg.program cimport TvState
+
+
+cdef class _Rewrite:
+    cdef public object program, numel, weigh_alternatives
+    cdef public list exprs
+    cdef public dict resharded, plans
+
+    @cython.locals(produced=TvState, final=TvState)
+    cpdef run(self)
+
+    @cython.locals(state=TvState)
+    cpdef _reshard(self, tv, TvState target)
+
+    @cython.locals(s=TvState, first=dict)
+    cpdef _compute_plan(self, expr, list results, list operands)
