@@ -19,7 +19,7 @@ proposing.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from ..ops.registry import FactorKind
 from .projection import Role, axis_factors
@@ -31,7 +31,8 @@ _OPERAND = Role.OPERAND
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
 
 
-class Link(NamedTuple):
+@dataclass(eq=False)
+class Link:
     """Where a decision on one axis spreads: the expr and the linked axes on
     its factor (AxisFactors; one Link shared by all of them)."""
 
@@ -42,6 +43,7 @@ class Link(NamedTuple):
         """(other axis, direction) pairs, for a decision on one of tv's axes.
         A tensor has one role in an expr (an expr never reads its own
         result); Direction.between, unrolled: the spread asks for every link."""
+        role = None
         for m in self.members:
             if m.tv is tv:
                 role = m.role
@@ -75,15 +77,14 @@ class PassThroughClasses:
             if len(members) < 2:
                 continue
             stage = home.get(slots[members[0]].tv)
-            if all(home.get(slots[i].tv) == stage for i in members):
+            if _one_stage(members, slots, home, stage):
                 parts = [members]
             else:  # a stage cut: each stage's axes link among themselves
                 stages = {home.get(slots[i].tv) for i in members}
                 parts = [[i for i in members if home.get(slots[i].tv) == mesh] for mesh in stages]
             for part in parts:
                 axes = tuple([slots[i] for i in part])
-                first = axes[0].tv
-                if all(a.tv is first for a in axes):
+                if _one_tensor(axes):
                     continue  # one tensor (x * x) links nothing
                 link = Link(expr, axes)
                 for a in axes:
@@ -132,6 +133,23 @@ class PassThroughClasses:
         self._grouped()
         roots = {self._find(s) for s in self.links}
         return len(roots), len(self.links)
+
+
+def _one_stage(members: list, slots: list, home: dict, stage) -> bool:
+    """Whether every member axis's tensor is in `stage`."""
+    for i in members:
+        if home.get(slots[i].tv) != stage:
+            return False
+    return True
+
+
+def _one_tensor(axes: tuple) -> bool:
+    """Whether all the axes are of one tensor."""
+    first = axes[0].tv
+    for a in axes:
+        if a.tv is not first:
+            return False
+    return True
 
 
 def _pass_groups(rule, slots) -> list:

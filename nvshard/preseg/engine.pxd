@@ -1,7 +1,8 @@
 import cython
 
+from nvshard.preseg.classes cimport Link
 from nvshard.preseg.projection cimport AxisFactors
-from nvshard.preseg.proposals cimport Choice, Decision, Proposal
+from nvshard.preseg.proposals cimport Choice, Decision, Opinion, Proposal
 
 
 cdef class Engine:
@@ -28,6 +29,7 @@ cdef class Engine:
                    per_target=dict)
     cpdef list _expr_proposals(self, expr, changed=*)
 
+    @cython.locals(c=Opinion, o=Opinion)
     cpdef _target_proposals(self, i, AxisFactors s, expr, rule, kinds, dict opinions, linked, waiting, is_pending,
                             slots, list proposals)
 
@@ -48,7 +50,8 @@ cdef class Engine:
 
     cpdef _record(self, tv, axis, digits, mesh, Decision decision, reason)
 
-    @cython.locals(d=Decision, end=AxisFactors, decided=dict, meshes=dict, home=dict, arriving=dict, per_axis=dict)
+    @cython.locals(d=Decision, end=AxisFactors, link=Link, decided=dict, meshes=dict, home=dict, arriving=dict,
+                   per_axis=dict, links=dict)
     cpdef set _spread(self, list frontier)
 
     @cython.locals(d=Decision)

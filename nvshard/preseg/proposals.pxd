@@ -14,3 +14,6 @@ cdef class Decision:
     cdef public object digits, priority, stage, source
 
 cpdef bint compete(Choice a, Choice b) except -1
+
+cdef class Opinion:
+    cdef public object digits, tv, priority, role, mesh, compound, linked

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Union
+from typing import Optional, Union
 
 from ..multidevice import layout
 from ..ops.registry import FactorKind
@@ -64,9 +64,9 @@ _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM = FactorKind.SUM
 
 
-class Opinion(NamedTuple):
-    """The layout one tensor of an expr has on one factor (a tuple: the
-    engine makes thousands per round)."""
+@dataclass(eq=False)
+class Opinion:
+    """The layout one tensor of an expr has on one factor."""
 
     digits: tuple
     tv: object

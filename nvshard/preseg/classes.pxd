@@ -1,0 +1,27 @@
+import cython
+
+from nvshard.preseg.projection cimport AxisFactors
+
+
+cdef class Link:
+    cdef public object expr
+    cdef public tuple members
+
+    @cython.locals(m=AxisFactors)
+    cpdef list ends(self, tv)
+
+
+cdef class PassThroughClasses:
+    cdef public dict links, linked_positions
+    cdef public set internal
+    cdef public object _parent
+
+    @cython.locals(slots=list, links=dict, axes=tuple, a=AxisFactors, link=Link, positions=list, members=list)
+    cpdef _link_expr(self, expr, rule, frozen, home)
+
+
+@cython.locals(i=Py_ssize_t)
+cpdef bint _one_stage(list members, list slots, dict home, stage) except -1
+
+@cython.locals(a=AxisFactors)
+cpdef bint _one_tensor(tuple axes) except -1
