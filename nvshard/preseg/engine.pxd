@@ -1,12 +1,14 @@
 import cython
 
 from nvshard.preseg.classes cimport Link
+from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors
 from nvshard.preseg.proposals cimport Choice, Decision, Opinion, Proposal
 
 
 cdef class Engine:
-    cdef public object p, cost, log
+    cdef public object p, cost
+    cdef public DecisionLog log
     cdef public dict decided, mesh
     cdef public set frozen
     cdef public object level, releasing

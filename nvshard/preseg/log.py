@@ -8,7 +8,8 @@ behind them (what plan.to_dot() reads).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from ..multidevice import layout
 
@@ -54,7 +55,8 @@ class DecisionLog:
         return "\n".join(entry.text() for entry in self.entries)
 
 
-class LoggedDecision(NamedTuple):
+@dataclass(eq=False)
+class LoggedDecision:
     """One decision, formatted when read. (A plain record, not a closure over
     the log: a closure and its cells are eight objects per decision for the
     collector to walk, and holding the log would make it a cycle.)"""
@@ -74,7 +76,8 @@ class LoggedDecision(NamedTuple):
         return line + (f"; chosen in a conflict ({self.reason})" if self.reason else "")
 
 
-class LoggedConflict(NamedTuple):
+@dataclass(eq=False)
+class LoggedConflict:
     """A conflict resolved at one tensor: how many candidates, why the winner won."""
 
     tv: Any
@@ -96,7 +99,8 @@ class LoggedConflict(NamedTuple):
         return "\n".join(lines)
 
 
-class LoggedNote(NamedTuple):
+@dataclass(eq=False)
+class LoggedNote:
     """Something the log says about a tensor that is not a decision."""
 
     tv: Any

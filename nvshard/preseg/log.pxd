@@ -1,0 +1,17 @@
+cdef class DecisionLog:
+    cdef public list entries
+    cdef public set _notes
+
+    cpdef decide(self, tv, axis, digits, source, priority, stage, reason=*)
+
+
+cdef class LoggedDecision:
+    cdef public object tv, axis, digits, source, priority, stage, reason
+
+
+cdef class LoggedConflict:
+    cdef public object tv, candidates, reason, scored
+
+
+cdef class LoggedNote:
+    cdef public object tv, note
