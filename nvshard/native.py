@@ -47,6 +47,7 @@ COMPILED = (
     "nvshard.ir.sizes",
     "nvshard.ir.size_evaluator",
     "nvshard.ir.nodes",
+    "nvshard.ir.dtypes",
     "nvshard.ops.registry",
     "nvshard.ops.common",
 )

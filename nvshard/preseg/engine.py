@@ -706,11 +706,12 @@ def _structure(program: Program):
         if isinstance(tv, TensorView):
             depth[tv] = 0
             canon[tv] = f"in{position}"
+    sha1 = hashlib.sha1
     for e in program.exprs:
-        ins = [t for t in e.tv_inputs]
-        d = 1 + max((depth.get(t, 0) for t in ins), default=0)
-        base = e.op.name + "(" + ",".join(canon.get(t, "?") for t in ins) + ")"
+        ins = e.tv_inputs
+        d = 1 + max([depth.get(t, 0) for t in ins], default=0)
+        base = e.op.name + "(" + ",".join([canon.get(t, "?") for t in ins]) + ")#"
         for i, o in enumerate(e.tv_outputs):
             depth[o] = d
-            canon[o] = hashlib.sha1(f"{base}#{i}".encode()).hexdigest()[:16]
+            canon[o] = sha1((base + str(i)).encode()).hexdigest()[:16]
     return depth, canon
