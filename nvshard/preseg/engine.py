@@ -470,7 +470,7 @@ class Engine:
             for p in props:
                 if decided[p.axis] is not None:
                     continue
-                if own_mesh is not None and p.mesh is not None and p.mesh != own_mesh:
+                if own_mesh is not None and p.mesh is not None and p.mesh is not own_mesh and p.mesh != own_mesh:
                     continue
                 used = used_red if p.reduction else used_it
                 digits = p.digits
@@ -570,7 +570,7 @@ class Engine:
                         if decided[t][end.axis] is not None:
                             continue
                         own = meshes[t] or home.get(t)
-                        if own is not None and own != mesh:
+                        if own is not None and own is not mesh and own != mesh:  # (== runs as Python code)
                             continue
                         per_axis = arriving.get(t)
                         if per_axis is None:
@@ -600,7 +600,7 @@ class Engine:
             d, mesh = offers[0][0], offers[0][1]
             mesh_axes, key = self._layout_facts(d.digits)
             for o in offers[1:]:
-                if o[1] != mesh or self._layout_facts(o[0].digits)[1] != key:
+                if (o[1] is not mesh and o[1] != mesh) or self._layout_facts(o[0].digits)[1] != key:
                     return False
             if not taken.isdisjoint(mesh_axes):
                 return False

@@ -120,7 +120,7 @@ class Choice:
 
 def compete(a: Choice, b: Choice) -> bool:
     """Whether two choices for one tensor cannot both hold."""
-    if a.mesh is not None and b.mesh is not None and a.mesh != b.mesh:
+    if a.mesh is not None and b.mesh is not None and a.mesh is not b.mesh and a.mesh != b.mesh:
         return True
     if a.axis == b.axis:
         return True  # different layouts for one axis (identical ones were merged)
