@@ -484,7 +484,7 @@ def _ceil_div(extent: Size, factor: int):
 
 class Expr:
     __slots__ = (
-        "op", "inputs", "outputs", "attrs", "_rule", "_sized_rules", "_tv_inputs", "_tv_outputs",
+        "op", "inputs", "outputs", "attrs", "_rule", "_sized_rules", "tv_inputs", "tv_outputs",
         "broadcast_axes", "origin"
     )
 
@@ -495,8 +495,9 @@ class Expr:
         self.attrs = dict(attrs or {})
         self._rule = None
         self._sized_rules = None
-        self._tv_inputs = None
-        self._tv_outputs = None
+        # its TensorView operands and results (an expr's values never change once it is built)
+        self.tv_inputs: list[TensorView] = [v for v in self.inputs if isinstance(v, TensorView)]
+        self.tv_outputs: list[TensorView] = [v for v in self.outputs if isinstance(v, TensorView)]
         self.broadcast_axes = None  # (input, axis) pairs, set by ops.common.collapse_broadcasts
         self.origin = self  # the user's expr this one was rewired from
 
@@ -505,18 +506,6 @@ class Expr:
         copy = Expr(self.op, inputs, outputs, self.attrs)
         copy.origin = self.origin
         return copy
-
-    @property
-    def tv_inputs(self) -> list[TensorView]:
-        if self._tv_inputs is None:  # inputs never change once the expr is built
-            self._tv_inputs = [v for v in self.inputs if isinstance(v, TensorView)]
-        return self._tv_inputs
-
-    @property
-    def tv_outputs(self) -> list[TensorView]:
-        if self._tv_outputs is None:
-            self._tv_outputs = [v for v in self.outputs if isinstance(v, TensorView)]
-        return self._tv_outputs
 
     def rule(self, sizes=None):
         """The op's sharding rule; with concrete `sizes` for ops whose rule
