@@ -58,3 +58,38 @@ cdef class Engine:
 
     @cython.locals(d=Decision)
     cpdef bint _uncontested(self, tv, dict per_axis) except -1
+
+    @cython.locals(m=Choice, stale=set)
+    cpdef _reclassify(self)
+
+    @cython.locals(m=Choice)
+    cpdef list _easy(self)
+
+    cpdef _push_conflict(self, tv)
+
+    cpdef _next_conflict(self)
+
+    @cython.locals(m=Choice)
+    cpdef tuple _conflict_order(self, tv)
+
+    cpdef bint _closed(self, tv) except -1
+
+    cpdef tuple _layout_facts(self, digits)
+
+    @cython.locals(p=Proposal, by_target=dict, touched=set, old=list, new=list, per_expr=dict, props=list)
+    cpdef _refresh(self, exprs, changed=*)
+
+    cpdef _invalidate(self, tv)
+
+    cpdef list current_choices(self, tv)
+
+    cpdef _decide(self, tv, Choice m, reason)
+
+    @cython.locals(m=Choice)
+    cpdef _apply_easy(self, list items)
+
+    @cython.locals(axes=dict, exprs=dict)
+    cpdef _after_change(self, changed)
+
+    @cython.locals(d=Decision)
+    cpdef _finish(self)

@@ -225,7 +225,7 @@ class Engine:
 
     def _conflict_order(self, tv):
         _, competing = self.classify(tv)
-        return (min(m.priority for m in competing), self.depth.get(tv, 0), self.canon.get(tv, ""), tv.number)
+        return (min([m.priority for m in competing]), self.depth.get(tv, 0), self.canon.get(tv, ""), tv.number)
 
     # -- proposals ------------------------------------------------------------------------------
     def _closed(self, tv) -> bool:
