@@ -93,3 +93,12 @@ cdef class Engine:
 
     @cython.locals(d=Decision)
     cpdef _finish(self)
+
+    @cython.locals(d=Decision, m=Choice, arriving=list)
+    cpdef list _offer(self, tv, dict per_axis)
+
+
+@cython.locals(o=Choice)
+cpdef bint _competes(Choice m, list choices) except -1
+
+cpdef bint _offered_in(Choice m, list proposals) except -1

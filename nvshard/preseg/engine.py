@@ -611,13 +611,16 @@ class Engine:
         """The arriving layouts as proposals beside tv's others, classified
         as any proposals are: the easy choices they make up are decided, the
         rest stay proposals. Returns the axes decided."""
-        arriving = [Proposal(tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src, direction,
-                             False, *self._layout_facts(d.digits))
-                    for axis in sorted(per_axis) for d, mesh, src, (direction, expr, names) in per_axis[axis]]
+        arriving = []
+        for axis in sorted(per_axis):
+            for d, mesh, src, (direction, expr, names) in per_axis[axis]:
+                mesh_axes, key = self._layout_facts(d.digits)
+                arriving.append(Proposal(tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
+                                         direction, False, mesh_axes, key))
         self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(arriving)
         self._invalidate(tv)
         easy, _ = self.classify(tv)
-        taken = [m for m in easy if any(p in arriving for p in m.sources)]
+        taken = [m for m in easy if _offered_in(m, arriving)]
         for m in taken:
             self._decide(tv, m, "")
         return [(tv, m.axis) for m in taken]
@@ -674,6 +677,14 @@ def _competes(m, choices) -> bool:
     """Whether another of the choices competes with m."""
     for o in choices:
         if o is not m and compete(m, o):
+            return True
+    return False
+
+
+def _offered_in(m, proposals: list) -> bool:
+    """Whether one of the proposals is among the choice's sources."""
+    for p in m.sources:
+        if p in proposals:
             return True
     return False
 
