@@ -7,6 +7,9 @@ on fusions from ~50 to ~10,000 exprs, with concrete input shapes.
                                                 [--profile N [--profile-family triangle]]
                                                 # cProfile build_plan (default) at ~N exprs
     .venv/bin/python tools/bench_propagation.py --quick   # CI's smoke run: ~100 exprs per family, no JSON
+    .venv/bin/python tools/bench_propagation.py --instructions 1000 [--families "MLP SP"]
+                                                # instructions per plan (valgrind's callgrind): the
+                                                # triangle update and each family at ~1000 exprs
 
 Programs: the AlphaFold3 triangle update (one block, upstream's annotation),
 and generated stacks: N transformer layers (upstream's forward layer, each
@@ -29,6 +32,14 @@ with its HLO <-> MLIR conversions (one compile). A row whose JAX timing
 would take more than --jax-row-budget seconds (estimated from the family's
 previous size) goes without.
 
+--instructions counts instead of timing, where identical runs on a shared
+machine can differ by 2x: valgrind's callgrind counts the instructions of
+a process that plans a program once (warming what later plans of the same
+fusion reuse, as the timed repeats do) and then k more times, for two
+values of k; the difference divided by the difference in k is one plan,
+with imports and set-up cancelled. PYTHONHASHSEED=0 fixes set and dict
+orders; repeated counts agree to well under 1%. (valgrind must be installed.)
+
 Targets: the propagation pass no slower than XLA's GSPMD propagation, and
 the whole plan no slower than GSPMD's propagation + partitioning, on the
 triangle update and at 10,000 exprs; time per expr within 2x from 100 to
@@ -46,6 +57,9 @@ import io
 import json
 import os
 import pstats
+import re
+import shutil
+import subprocess
 import sys
 import time
 
@@ -287,6 +301,51 @@ def profile(fusion, shapes, top: int = 25) -> str:
     return out.getvalue()
 
 
+_PLAN_REPEATS = {"triangle update": (1, 21)}  # else (1, 4): the pairs of k --instructions runs
+
+
+def count_instructions(family: str, layers: int) -> float:
+    """Instructions of one build_plan of the program (see --instructions)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    low, high = _PLAN_REPEATS.get(family, (1, 4))
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    procs = [subprocess.Popen([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                               os.path.abspath(__file__), "--plans", family, str(layers), str(k)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+             for k in (low, high)]  # the two counts run side by side
+    counts = []
+    for proc in procs:
+        _, err = proc.communicate()
+        found = re.search(r"Collected : (\d+)", err)
+        if proc.returncode != 0 or found is None:
+            raise SystemExit(f"valgrind run failed ({family} x{layers}):\n{err[-2000:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / (high - low)
+
+
+def _program(family: str, layers: int):
+    return triangle_single() if family == "triangle update" else FAMILIES[family](layers)
+
+
+def _plan_repeatedly(family: str, layers: int, repeats: int) -> None:
+    """The process --instructions counts: one plan to warm up, then `repeats`."""
+    fd, shapes = _program(family, layers)
+    for _ in range(1 + repeats):
+        build_plan(fd.fusion, shapes, None, "default")
+
+
+def instructions(target_exprs: int, families: list) -> int:
+    print(f"engine: {native.engine_kind()}; instructions per build_plan (callgrind, PYTHONHASHSEED=0)")
+    print("| program | exprs | instructions per plan |\n|---|---|---|")
+    for family, layers in [("triangle update", 1)] + [(f, layers_for(f, target_exprs)) for f in families]:
+        exprs = len(_program(family, layers)[0].fusion.exprs)
+        name = family if family == "triangle update" else f"{family} x{layers}"
+        print(f"| {name} | {exprs} | {count_instructions(family, layers) / 1e6:.1f}M |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-exprs", type=int, default=10000)
@@ -300,7 +359,17 @@ def main(argv=None) -> int:
     parser.add_argument("--no-jax", action="store_true", help="leave out the GSPMD and Shardy timings")
     parser.add_argument("--jax-row-budget", type=float, default=60.0,
                         help="seconds; a program's JAX timing is skipped when estimated to take longer")
+    parser.add_argument("--instructions", type=int, default=0, metavar="N",
+                        help="instructions per plan (valgrind's callgrind) of the triangle update and of each "
+                             "family at ~N exprs, instead of times")
+    parser.add_argument("--plans", nargs=3, metavar=("FAMILY", "LAYERS", "REPEATS"),
+                        help="plan a program 1 + REPEATS times and exit (the process --instructions counts)")
     args = parser.parse_args(argv)
+    if args.plans:
+        _plan_repeatedly(args.plans[0], int(args.plans[1]), int(args.plans[2]))
+        return 0
+    if args.instructions:
+        return instructions(args.instructions, [f.strip() for f in args.families.split(",") if f.strip()])
     if args.quick:
         args.max_exprs = 100
         if args.json == parser.get_default("json"):
