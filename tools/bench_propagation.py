@@ -37,8 +37,9 @@ machine can differ by 2x: valgrind's callgrind counts the instructions of
 a process that plans a program once (warming what later plans of the same
 fusion reuse, as the timed repeats do) and then k more times, for two
 values of k; the difference divided by the difference in k is one plan,
-with imports and set-up cancelled. PYTHONHASHSEED=0 fixes set and dict
-orders; repeated counts agree to well under 1%. (valgrind must be installed.)
+with imports and set-up cancelled. PYTHONHASHSEED=0 fixes string
+hashing; repeated counts still differ by up to about 2% (dicts keyed by object
+identity probe differently from run to run). valgrind must be installed.
 
 Targets: the propagation pass no slower than XLA's GSPMD propagation, and
 the whole plan no slower than GSPMD's propagation + partitioning, on the
