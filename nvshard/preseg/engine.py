@@ -570,7 +570,7 @@ class Engine:
                         if decided[t][end.axis] is not None:
                             continue
                         own = meshes[t] or home.get(t)
-                        if own is not None and own is not mesh and own != mesh:  # (== runs as Python code)
+                        if own is not None and own is not mesh and own != mesh:  # (identity first: the common case)
                             continue
                         per_axis = arriving.get(t)
                         if per_axis is None:

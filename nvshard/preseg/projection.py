@@ -282,7 +282,7 @@ def same_state(a: TvState, b: TvState) -> bool:
     """a.key() == b.key() without building the keys: Size compares by its
     key, a mesh axis name never equals a Size, and an open axis (None) keys
     as replicated."""
-    if a.mesh is not b.mesh and a.mesh != b.mesh:  # (a mesh compares as Python code)
+    if a.mesh is not b.mesh and a.mesh != b.mesh:  # (identity first: one mesh is the common case)
         return False
     la, lb = a.layouts, b.layouts
     if len(la) != len(lb):
