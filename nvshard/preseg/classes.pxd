@@ -1,3 +1,6 @@
+# Compiled types for classes.py: links and the classes' fields, typed axes in the
+# link building.
+
 import cython
 
 from nvshard.preseg.projection cimport AxisFactors

@@ -1,3 +1,5 @@
+# Compiled types for decompose_reshardings.py: the rewrite's fields and typed states.
+
 import cython
 
 from nvshard.preseg.program cimport TvState

@@ -1,3 +1,7 @@
+# Compiled types for engine.py (the .py stays the reference): the engine's fields,
+# and the local types of its loop methods, which then read the records' fields as
+# struct fields and call each other as C functions.
+
 import cython
 
 from nvshard.preseg.classes cimport Link

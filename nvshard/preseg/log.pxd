@@ -1,3 +1,5 @@
+# Compiled types for log.py: the log and its entries (the engine calls decide directly).
+
 cdef class DecisionLog:
     cdef public list entries
     cdef public set _notes

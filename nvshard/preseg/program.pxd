@@ -1,3 +1,5 @@
+# Compiled types for program.py: a tensor's sharding state.
+
 cdef class TvState:
     cdef public object mesh, layouts
 

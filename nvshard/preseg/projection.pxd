@@ -1,3 +1,5 @@
+# Compiled types for projection.py: axis factors, and typed states where states are compared.
+
 cdef class AxisFactors:
     cdef public object tv, role, position, axis, factors, extents, reduction, names, compound
 
