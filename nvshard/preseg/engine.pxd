@@ -48,7 +48,7 @@ cdef class Engine:
     @cython.locals(p=Proposal, m=Choice, merged=dict, decided=list)
     cpdef list valid(self, tv)
 
-    @cython.locals(m=Choice, o=Choice)
+    @cython.locals(m=Choice)
     cpdef tuple classify(self, tv)
 
     @cython.locals(m=Choice)
