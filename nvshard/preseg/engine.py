@@ -92,7 +92,7 @@ class Engine:
         self._conflicted: set = set()
         self._conflict_heap: list = []
         self._heap_counter = 0
-        self.adjacent = {tv: self._exprs_of(tv) for tv in program.state}
+        self.adjacent = _adjacency(program)
         self._reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
         self._used_cache: dict = {}
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
@@ -107,12 +107,6 @@ class Engine:
         self.classes = PassThroughClasses(program if spread_classes else None, self.frozen, self.home)
 
     # -- setup ------------------------------------------------------------------------
-    def _exprs_of(self, tv):
-        exprs = list(self.p.consumers.get(tv, []))
-        if tv in self.p.producer:
-            exprs.insert(0, self.p.producer[tv])
-        return [e for e in exprs if e.tv_outputs]
-
     def _seed(self) -> None:
         for tv, state in self.p.state.items():
             n = len(tv.logical)
@@ -691,6 +685,20 @@ def _offered_in(m, proposals: list) -> bool:
 
 def _number(tv) -> int:
     return tv.number
+
+
+def _adjacency(program: Program) -> dict:
+    """Per tensor, the exprs with results that touch it: its producer, then
+    its consumers in program order (once per read). One pass: a producer
+    comes before its consumers in the program."""
+    adjacent = {tv: [] for tv in program.state}
+    for e in program.exprs:
+        if e.tv_outputs:
+            for o in e.tv_outputs:
+                adjacent[o].append(e)
+            for t in e.tv_inputs:
+                adjacent[t].append(e)
+    return adjacent
 
 
 def _stage_meshes(program: Program) -> dict:

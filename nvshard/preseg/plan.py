@@ -56,6 +56,9 @@ class Plan:
 
     def check_divisibility(self) -> None:
         checked = set()
+        # Propagation hands one layout object from tensor to tensor: the same
+        # objects (alive in the states throughout) are checked once, by identity.
+        seen = set()
         for tv, state in self.propagated.items():
             if state.mesh is None:
                 continue
@@ -64,7 +67,12 @@ class Plan:
                 if not digits or tv.logical[k].is_reduction():
                     continue
                 id_ = tv.logical[k]
-                key = (layout.key(digits), (id_.expanded or id_.extent()).key(), state.mesh)
+                size = id_.expanded or id_.extent()
+                same_objects = (id(digits), id(size), id(state.mesh))
+                if same_objects in seen:
+                    continue
+                seen.add(same_objects)
+                key = (layout.key(digits), size.key(), state.mesh)
                 if key in checked:
                     continue
                 extent = self.sizes.global_extent(tv, tv.non_reduction_axes().index(k))

@@ -66,12 +66,17 @@ class Program:
         self.input_set = set(self.inputs)
         self.outputs = fusion.outputs()
         self.state: dict[TensorView, TvState] = {}
+        state = self.state
         for tv in fusion.tvs():
-            layouts = tv.layouts() if tv.mesh is not None else [() for _ in tv.logical]
-            if sizes is not None and tv.mesh is not None:
+            mesh = tv.mesh
+            if mesh is None:
+                state[tv] = TvState(None, [()] * len(tv.logical))
+                continue
+            layouts = tv.layouts()
+            if sizes is not None:
                 # concrete block sizes, so equal layouts compare equal
                 layouts = [_concrete(tv, k, d, sizes) for k, d in enumerate(layouts)]
-            self.state[tv] = TvState(tv.mesh, layouts)
+            state[tv] = TvState(mesh, layouts)
         self._tv_counter = fusion._tv_counter
         self._id_counter = fusion._id_counter
         self._rendered: dict = {}

@@ -4,11 +4,13 @@ propagation, so bad shardings fail with a message naming tensor and axis."""
 from __future__ import annotations
 
 from ..ir.nodes import NvShardError
+from ..ops.registry import FactorKind
 
 
 def validate_annotations(fusion) -> None:
     for tv in fusion.tvs():
         used = {}
+        pending = False  # a parallelized reduction axis: checked below
         for pos, id_ in enumerate(tv.loop):
             if not id_.is_device_dim():
                 continue
@@ -30,15 +32,15 @@ def validate_annotations(fusion) -> None:
                     f"{id_.parallel_type}; a mesh axis can shard only one axis of a tensor"
                 )
             used[key] = pos
-        _check_pending_annotations(tv)
+            pending = pending or id_.is_reduction()
+        if pending:
+            _check_pending_annotations(tv)
         if tv.sharding_priority is not None and tv.mesh is None:
             raise NvShardError(f"{tv.short_name()}: set_sharding_priority needs a device mesh on the tensor")
 
 
 def _check_pending_annotations(tv) -> None:
     """A parallelized reduction axis means partial sums: only a sum can leave them."""
-    from ..ops.registry import FactorKind
-
     expr = tv.definition
     for id_ in tv.loop:
         if not (id_.is_device_dim() and id_.is_reduction()):
