@@ -13,9 +13,26 @@ SCRIPT = os.path.join(os.path.dirname(sys.executable), "nvshard")
 
 
 def run(*args, cwd=None):
+    return run_together(args, cwd=cwd)[0]
+
+
+def run_together(*commands, cwd=None) -> list:
+    """Runs independent commands side by side (each spends seconds starting
+    Python and importing torch); their results in order."""
     assert os.path.exists(SCRIPT), "the console script is missing: pip install -e . (./tools/nvshard setup)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_") and k not in ("RANK", "WORLD_SIZE")}
-    return subprocess.run([SCRIPT, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    procs = [subprocess.Popen([SCRIPT, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for args in commands]
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +46,17 @@ def example(tmp_path_factory):
 
 
 def test_help_shows_the_commands_and_an_example():
-    result = run("--help")
+    result, sub = run_together(["--help"], ["bench", "--help"])
     assert result.returncode == 0
     assert "{explain,render,bench}" in result.stdout
     assert "with FusionDefinition() as fd:" in result.stdout and "input_shapes = [[8192, 1024], [4096, 1024]]" \
         in result.stdout
-    sub = run("bench", "--help")
     assert sub.returncode == 0 and "example file, mlp.py:" in sub.stdout and "--execute" in sub.stdout
 
 
 def test_explain(example):
-    result = run("explain", str(example), "--show", "T2")
+    result, by_tensor = run_together(["explain", str(example), "--show", "T2"],
+                                     ["explain", str(example), "--tensor", "T3"])
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "## program after the pre-segmenter" in out and "%kernel_math {" in out
@@ -49,20 +66,23 @@ def test_explain(example):
     assert "allgather T1 over DIDx, groups {0 1 2 3}: 12.00 MiB received per device" in out
     assert "T2 float[8192, 4096] on DeviceMesh{0 1 2 3} (axis 0: DIDx, axis 1: replicated)" in out
     assert re.search(r"│\s+2048:4096 │\s+1\s+│", out)
-    only = run("explain", str(example), "--tensor", "T3").stdout.split("## decisions", 1)[1]
+    only = by_tensor.stdout.split("## decisions", 1)[1]
     assert "T3 axis 0 <- DIDx: forward through relu" in only and "conflict at T2" not in only
 
 
 def test_render(example, tmp_path):
-    dot = run("render", str(example), "--dot")
+    png = tmp_path / "mlp.png"
+    if shutil.which("dot") is None:
+        dot, result = run("render", str(example), "--dot"), None
+    else:
+        dot, result = run_together(["render", str(example), "--dot"], ["render", str(example), "-o", str(png)])
     assert dot.returncode == 0 and dot.stdout.startswith("digraph plan {")
     assert dot.stdout.count("shape=hexagon") == 1 and "12.00 MiB received per device" in dot.stdout
-    if shutil.which("dot") is None:
+    if result is None:
         pytest.skip("Graphviz's dot is not installed")
-    result = run("render", str(example), "-o", str(tmp_path / "mlp.png"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"wrote {tmp_path / 'mlp.png'}: 5 tensors, 1 communications"
-    assert (tmp_path / "mlp.png").read_bytes()[:4] == b"\x89PNG"
+    assert result.stdout.strip() == f"wrote {png}: 5 tensors, 1 communications"
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bench(example):
@@ -77,15 +97,14 @@ def test_bench(example):
 
 
 def test_errors(example, tmp_path):
-    missing = run("explain", str(tmp_path / "nope.py"))
-    assert missing.returncode == 2 and "nvshard explain: error:" in missing.stderr and "no such file" in missing.stderr
-    wrong = run("render", str(example), "--fusion", "g", "--dot")
-    assert wrong.returncode == 2
-    assert "defines no FusionDefinition named 'g'; it has fd (use --fusion NAME)" in wrong.stderr
     bad = tmp_path / "bad.py"
     bad.write_text(example.read_text().replace("input_shapes = [[8192, 1024], [4096, 1024]]",
                                                "input_shapes = [[8192, 1024]]"))
-    result = run("bench", str(bad))
+    missing, wrong, result, unknown = run_together(
+        ["explain", str(tmp_path / "nope.py")], ["render", str(example), "--fusion", "g", "--dot"],
+        ["bench", str(bad)], ["explain", str(example), "--tensor", "T99"])
+    assert missing.returncode == 2 and "nvshard explain: error:" in missing.stderr and "no such file" in missing.stderr
+    assert wrong.returncode == 2
+    assert "defines no FusionDefinition named 'g'; it has fd (use --fusion NAME)" in wrong.stderr
     assert result.returncode == 2 and "input_shapes has 1 entries but the fusion has 2 inputs" in result.stderr
-    unknown = run("explain", str(example), "--tensor", "T99")
     assert unknown.returncode == 2 and "no TensorView T99 in the plan (it has T0, T1" in unknown.stderr
