@@ -44,12 +44,13 @@ class ConflictResolver:
     """Resolves one conflicted tensor at a time against the engine's current
     state (decisions, meshes and choices)."""
 
-    __slots__ = ("engine", "cost", "_answers")
+    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods")
 
     def __init__(self, engine):
         self.engine = engine
         self.cost = engine.cost
         self._answers: dict = {}  # candidates' costs (unnamed) by question (_question)
+        self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
@@ -133,22 +134,41 @@ class ConflictResolver:
         results (_options) and how its operands are shared (_sharing); and
         each place's signature (dtype, axes, extents, weight)."""
         engine, key = self.engine, self.cost.layout_key
-        tensors, place = [tv], {tv: 0}
-        parts = [engine.mesh[tv], tuple([None if d is None else key(d.digits) for d in engine.decided[tv]]),
+        tensors, place, fixed = self._neighbourhood(tv)
+        parts = [fixed, engine.mesh[tv], tuple([None if d is None else key(d.digits) for d in engine.decided[tv]]),
                  tuple([tuple([_facts(m, key) for m in c]) for c in candidates])]
+        seen = {tv}
         for e, others, shared in around:
             for t, (layouts, mesh) in others.items():
-                if t not in place:
-                    place[t] = len(tensors)
-                    tensors.append(t)
+                if t not in seen:
+                    seen.add(t)
                     parts.append((mesh, tuple([key(d) if d else d for d in layouts])))
-            parts.append((rule_text(engine.p.rule(e)), tuple([place[t] for t in e.tv_inputs + e.tv_outputs])))
             for o in e.tv_outputs:
                 if any(d is None for d in (others[o][0] if o is not tv else engine.decided[tv])):
                     parts.append(tuple([_facts(m, key) for m in engine.current_choices(o)]))
+                else:
+                    parts.append(None)
             parts.append(tuple([(place[t], frozenset(made), sharers) for t, (made, sharers) in shared.items()]))
-        parts.append(tuple([self.cost.signature(t) for t in tensors]))
         return tuple(parts), tensors
+
+    def _neighbourhood(self, tv) -> tuple:
+        """(tv and the tensors of its adjacent exprs, in the order questions
+        name them; their places; per adjacent expr its rule and its tensors'
+        places, and each tensor's signature): fixed per tensor, kept."""
+        known = self._neighbourhoods.get(tv)
+        if known is None:
+            engine = self.engine
+            tensors, place, exprs = [tv], {tv: 0}, []
+            for e in engine.adjacent.get(tv, []):
+                ends = e.tv_inputs + e.tv_outputs
+                for t in ends:
+                    if t not in place:
+                        place[t] = len(tensors)
+                        tensors.append(t)
+                exprs.append((rule_text(engine.p.rule(e)), tuple([place[t] for t in ends])))
+            fixed = (tuple(exprs), tuple([self.cost.signature(t) for t in tensors]))
+            known = self._neighbourhoods[tv] = (tensors, place, fixed)
+        return known
 
     def _around(self, tv) -> list:
         """What a candidate's cost depends on besides the candidate, per expr

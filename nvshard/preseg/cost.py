@@ -85,8 +85,7 @@ class CostModel:
         self.program = program
         self.sizes = sizes
         self.symbolic = sizes is None
-        # a function of the sizes, not a bound method: no cycle through self
-        self.numel = _RememberingNumel(functools.partial(_extent, sizes))
+        self.numel = _RememberingNumel(sizes)
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
         self._digit_keys: dict = {}  # id(layout) -> (layout, layout.key)
@@ -231,8 +230,14 @@ class CostModel:
 
 def _extent(sizes, tv: TensorView, k: int) -> float:
     """Global extent of tv's logical axis k: concrete with sizes, else an estimate."""
-    id_ = tv.logical[k]
-    size = id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
+    return _size_value(sizes, _axis_size(tv.logical[k]))
+
+
+def _axis_size(id_):
+    return id_.expanded if id_.is_broadcast() and id_.expanded is not None else id_.extent()
+
+
+def _size_value(sizes, size) -> float:
     if sizes is not None:
         return float(sizes.evaluate_size(size))
     return size.estimate(SYMBOLIC_EXTENT_GUESS)
@@ -240,18 +245,33 @@ def _extent(sizes, tv: TensorView, k: int) -> float:
 
 class _RememberingNumel(NumelModel):
     """A NumelModel that computes each tensor's signature once per plan
-    (every reshard plan looks it up)."""
+    (every reshard plan looks it up), as NumelModel.signature does."""
 
-    __slots__ = ("_signatures",)
+    __slots__ = ("_signatures", "_sizes", "_axes")
 
-    def __init__(self, extent):
-        super().__init__(extent)
+    def __init__(self, sizes):
+        # a function of the sizes, not a bound method: no cycle through self
+        super().__init__(functools.partial(_extent, sizes))
+        self._sizes = sizes
         self._signatures: dict = {}
+        # (id(size), iter type) -> (size, an axis's part of a signature): axes
+        # share Size objects, so few differ (the entry keeps the size alive,
+        # so its id is not reused)
+        self._axes: dict = {}
 
     def signature(self, tv) -> tuple:
         sig = self._signatures.get(tv)
         if sig is None:
-            sig = self._signatures[tv] = super().signature(tv)
+            axes = []
+            for id_ in tv.logical:
+                size = _axis_size(id_)
+                key = (id(size), id_.iter_type)
+                known = self._axes.get(key)
+                if known is None:
+                    known = self._axes[key] = (
+                        size, (id_.is_reduction(), id_.is_broadcast(), _size_value(self._sizes, size)))
+                axes.append(known[1])
+            sig = self._signatures[tv] = (tv.dtype().itemsize, tuple(axes))
         return sig
 
 
