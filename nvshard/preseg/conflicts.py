@@ -81,7 +81,7 @@ class ConflictResolver:
         best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
         if best == 0:
             return options[0], ""
-        reason = f"fewer bytes ({costs[best].describe()} vs {costs[0].describe()})"
+        reason = ByCost("fewer bytes ({} vs {})", (costs[best], costs[0]))
         order = [best] + [i for i in range(len(options)) if i != best]
         self.engine.log.conflict(tv, [(options[i], costs[i]) for i in order], options[best], reason)
         return options[best], reason
@@ -267,7 +267,23 @@ def _facts(m: Choice, key) -> tuple:
     return (m.axis, key(m.digits), m.mesh, m.reduction)
 
 
-def _why(best: Scored, runner_up, symbolic: bool) -> str:
+class ByCost:
+    """A reason that quotes costs, formatted when read (str()): big fusions
+    resolve thousands of conflicts and their log is usually never printed.
+    The costs quoted are never changed."""
+
+    __slots__ = ("template", "costs")
+
+    def __init__(self, template: str, costs: tuple):
+        self.template = template
+        self.costs = costs
+
+    def __str__(self) -> str:
+        return self.template.format(*[c.describe() for c in self.costs])
+
+
+def _why(best: Scored, runner_up, symbolic: bool):
+    """Why best ranks first: a str, or a ByCost."""
     if runner_up is None:
         return "only consistent choice"
     bp, bc, bf, _ = best.key()
@@ -278,8 +294,8 @@ def _why(best: Scored, runner_up, symbolic: bool) -> str:
     if bc != rc:
         if symbolic and bc[0] != rc[0]:
             return "heuristic: weights stay stationary (symbolic sizes)"
-        return f"fewer bytes ({best.cost.describe()} vs {runner_up.cost.describe()})"
+        return ByCost("fewer bytes ({} vs {})", (best.cost, runner_up.cost))
     if bf != rf:
-        return f"tie on bytes ({best.cost.describe()}): keep the producer's sharding"
+        return ByCost("tie on bytes ({}): keep the producer's sharding", (best.cost,))
     return "tie: outer axes first"
 

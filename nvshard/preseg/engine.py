@@ -511,7 +511,7 @@ class Engine:
         return cached[2]
 
     # -- applying decisions ---------------------------------------------------------------------------
-    def _apply(self, items: list, reason: str = "") -> None:
+    def _apply(self, items: list, reason="") -> None:
         changed = set()
         spreading = []
         for tv, m in items:
@@ -525,10 +525,10 @@ class Engine:
             changed |= self._spread(spreading)
         self._after_change(changed)
 
-    def _decide(self, tv, m: Choice, reason: str) -> None:
+    def _decide(self, tv, m: Choice, reason) -> None:
         self._record(tv, m.axis, m.digits, m.mesh, Decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
 
-    def _record(self, tv, axis: int, digits, mesh, decision: Decision, reason: str) -> None:
+    def _record(self, tv, axis: int, digits, mesh, decision: Decision, reason) -> None:
         if self.mesh[tv] is None and mesh is not None:
             self.mesh[tv] = mesh
         self.decided[tv][axis] = decision

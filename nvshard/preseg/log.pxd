@@ -8,11 +8,11 @@ cdef class DecisionLog:
 
 
 cdef class LoggedDecision:
-    cdef public object tv, axis, digits, source, priority, stage, reason
+    cdef public object tv, axis, digits, source, priority, stage, why
 
 
 cdef class LoggedConflict:
-    cdef public object tv, candidates, reason, scored
+    cdef public object tv, candidates, why, scored
 
 
 cdef class LoggedNote:

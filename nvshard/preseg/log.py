@@ -25,7 +25,7 @@ class DecisionLog:
         self._notes: set = set()
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
-        """`source` is formatted with str() when the log is read."""
+        """`source` and `reason` are formatted with str() when the log is read."""
         self.entries.append(LoggedDecision(tv, axis, digits, source, priority, stage, reason))
 
     def note(self, tv, text: str) -> None:
@@ -33,7 +33,7 @@ class DecisionLog:
             self._notes.add((tv, text))
             self.entries.append(LoggedNote(tv, text))
 
-    def conflict(self, tv, scored: list, winner: list, reason: str) -> None:
+    def conflict(self, tv, scored: list, winner: list, reason) -> None:
         # The candidates' choices may still be merged (and change) after this:
         # keep what the text needs as plain values, formatted when read.
         candidates = tuple((cand is winner, tuple(sorted((m.axis, m.digits, m.priority) for m in cand)), cost)
@@ -67,13 +67,17 @@ class LoggedDecision:
     source: Any  # what the sharding came from; str() says it
     priority: Any  # an int, or "-" for the block-layout search (which has none)
     stage: str
-    reason: str  # why, when the decision won a conflict; "" otherwise
+    why: Any  # why, when the decision won a conflict ("" otherwise); str() says it
+
+    @property
+    def reason(self) -> str:
+        return str(self.why)
 
     def text(self) -> str:
         what = layout.describe(self.digits) if self.digits else "replicated"
         line = (f"{_axis_name(self.tv, self.axis)} <- {what}: {self.source}; priority {self.priority}; "
                 f"stage {self.stage}")
-        return line + (f"; chosen in a conflict ({self.reason})" if self.reason else "")
+        return line + (f"; chosen in a conflict ({self.why})" if self.why else "")
 
 
 @dataclass(eq=False)
@@ -82,8 +86,12 @@ class LoggedConflict:
 
     tv: Any
     candidates: int
-    reason: str
+    why: Any  # why the winner won; str() says it
     scored: tuple  # (won, ((axis, layout, priority), ...), Cost) per candidate, best first
+
+    @property
+    def reason(self) -> str:
+        return str(self.why)
 
     def text(self) -> str:
         """Every candidate with its cost, as the log prints it."""
