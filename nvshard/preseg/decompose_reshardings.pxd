@@ -8,7 +8,7 @@ from nvshard.preseg.program cimport TvState
 cdef class _Rewrite:
     cdef public object program, numel, weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans
+    cdef public dict resharded, plans, layout_keys
 
     @cython.locals(produced=TvState, final=TvState)
     cpdef run(self)
@@ -18,3 +18,6 @@ cdef class _Rewrite:
 
     @cython.locals(s=TvState, first=dict)
     cpdef _compute_plan(self, expr, list results, list operands)
+
+    @cython.locals(keys=list, known=tuple)
+    cpdef tuple _state_key(self, TvState state)

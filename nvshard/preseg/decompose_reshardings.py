@@ -9,7 +9,8 @@ are resharded after, the last step writing the original result.
 
 from __future__ import annotations
 
-from ..ir.nodes import TensorView
+from ..ir.nodes import Expr, TensorView
+from ..multidevice import layout
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
 from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
@@ -34,7 +35,7 @@ class _Rewrite:
     closures: compiled, closures that call each other form a cycle, which
     would hold every reshard signature until the collector ran.)"""
 
-    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans")
+    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
@@ -43,6 +44,9 @@ class _Rewrite:
         self.exprs: list = []
         self.resharded: dict = {}  # (tv, target key) -> the tensor holding tv in that layout
         self.plans: dict = {}  # ComputePlan by question: stacked layers compute alike
+        # id(layout) -> (layout, layout.key): propagation hands one layout
+        # object from tensor to tensor (the entry keeps it alive, so its id is not reused)
+        self.layout_keys: dict = {}
 
     def run(self) -> None:
         program, exprs = self.program, self.exprs
@@ -107,16 +111,26 @@ class _Rewrite:
         first: dict = {}
         question = (rule_text(rule), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]),
                     tuple([(self.numel.signature(t), annotated_sum(t)) for t in tensors]),
-                    tuple([s.key() for s in results]), tuple([s.key() for s in operands]))
+                    tuple([self._state_key(s) for s in results]), tuple([self._state_key(s) for s in operands]))
         plan = self.plans.get(question)
         if plan is None:
             plan = self.plans[question] = plan_compute(expr, results, rule, operands,
                                                        self._price if self.weigh_alternatives else None)
         return plan
 
+    def _state_key(self, state: TvState) -> tuple:
+        """state.key(), with each layout's key remembered per layout object."""
+        keys = []
+        for digits in state.layouts:
+            if not digits:
+                keys.append(())
+                continue
+            known = self.layout_keys.get(id(digits))
+            if known is None:
+                known = self.layout_keys[id(digits)] = (digits, layout.key(digits))
+            keys.append(known[1])
+        return (state.mesh, tuple(keys))
 
-def _communication(step, src: TensorView, dst: TensorView):
-    from ..ir.nodes import Expr
 
-    expr = Expr(COMMUNICATIONS[step.kind], [src], [dst], {"step": step})
-    return expr
+def _communication(step, src: TensorView, dst: TensorView) -> Expr:
+    return Expr(COMMUNICATIONS[step.kind], [src], [dst], {"step": step})

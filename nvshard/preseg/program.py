@@ -13,7 +13,7 @@ shows the device splits a pass decided, in nvFuser's printMath format.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from ..ir import nodes
@@ -23,10 +23,16 @@ from ..ir.sizes import Size
 from ..multidevice import layout
 
 
-@dataclass
+@dataclass(init=False)
 class TvState:
-    mesh: object = None  # DeviceMesh or None (present on every device)
-    layouts: list = field(default_factory=list)  # per logical axis
+    mesh: object  # DeviceMesh or None (present on every device)
+    layouts: list  # per logical axis
+
+    def __init__(self, mesh=None, layouts=None):
+        # (written out: compiled, the generated __init__ with a default
+        # factory costs twice as much, and plans make tens of thousands)
+        self.mesh = mesh
+        self.layouts = [] if layouts is None else layouts
 
     def pending(self, tv: TensorView) -> tuple:
         """Mesh axes holding partial sums (the reduction axes' layouts)."""

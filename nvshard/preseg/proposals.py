@@ -10,7 +10,7 @@ when they cannot both hold (`compete`).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
 from ..multidevice import layout
@@ -100,7 +100,7 @@ class Proposal:
             self.key = layout.key(self.digits)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Choice:
     """A layout for one axis of a tensor, with every proposal that offers it."""
 
@@ -110,12 +110,20 @@ class Choice:
     priority: int
     stage: Stage
     reduction: bool
-    sources: list = field(default_factory=list)  # [Proposal]
-    mesh_axes: Optional[frozenset] = None  # of digits (computed when not given)
+    sources: list  # [Proposal]
+    mesh_axes: frozenset  # of digits
 
-    def __post_init__(self):
-        if self.mesh_axes is None:
-            self.mesh_axes = frozenset(layout.mesh_axes_of(self.digits))
+    def __init__(self, axis, digits, mesh, priority, stage, reduction, sources=None, mesh_axes=None):
+        # (written out: compiled, a generated __init__ with a default factory
+        # and a __post_init__ costs several times as much; the engine makes many)
+        self.axis = axis
+        self.digits = digits
+        self.mesh = mesh
+        self.priority = priority
+        self.stage = stage
+        self.reduction = reduction
+        self.sources = [] if sources is None else sources
+        self.mesh_axes = frozenset(layout.mesh_axes_of(digits)) if mesh_axes is None else mesh_axes
 
 
 def compete(a: Choice, b: Choice) -> bool:
