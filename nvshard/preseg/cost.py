@@ -262,17 +262,21 @@ class _RememberingNumel(NumelModel):
     def signature(self, tv) -> tuple:
         sig = self._signatures.get(tv)
         if sig is None:
-            axes = []
-            for id_ in tv.logical:
-                size = _axis_size(id_)
-                key = (id(size), id_.iter_type)
-                known = self._axes.get(key)
-                if known is None:
-                    known = self._axes[key] = (
-                        size, (id_.is_reduction(), id_.is_broadcast(), _size_value(self._sizes, size)))
-                axes.append(known[1])
-            sig = self._signatures[tv] = (tv.dtype().itemsize, tuple(axes))
+            sig = self._signatures[tv] = _signature(tv, self._sizes, self._axes)
         return sig
+
+
+def _signature(tv, sizes, axes_seen: dict) -> tuple:
+    """NumelModel.signature of tv, each axis's part kept in `axes_seen`."""
+    axes = []
+    for id_ in tv.logical:
+        size = _axis_size(id_)
+        key = (id(size), id_.iter_type)
+        known = axes_seen.get(key)
+        if known is None:
+            known = axes_seen[key] = (size, (id_.is_reduction(), id_.is_broadcast(), _size_value(sizes, size)))
+        axes.append(known[1])
+    return (tv.dtype().itemsize, tuple(axes))
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:

@@ -1,0 +1,14 @@
+# Compiled types for cost.py: signatures read typed axes (every tensor of a
+# plan gets one).
+
+import cython
+
+from nvshard.ir.nodes cimport IterDomain
+
+
+@cython.locals(id_=IterDomain, axes=list, known=tuple)
+cpdef tuple _signature(tv, sizes, dict axes_seen)
+
+cpdef _axis_size(IterDomain id_)
+
+cpdef _size_value(sizes, size)
