@@ -3,6 +3,7 @@
 import cython
 
 from nvshard.preseg.program cimport TvState
+from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
 
 
 cdef class _Rewrite:

@@ -7,3 +7,5 @@ from nvshard.preseg.program cimport TvState
 
 cpdef bint same_state(TvState a, TvState b) except -1
 cpdef TvState resolved(tv, TvState state)
+cpdef str rule_text(rule)
+cpdef bint annotated_sum(tv) except -1

@@ -254,9 +254,19 @@ def rule_text(rule) -> str:
 def annotated_sum(tv) -> bool:
     """Whether the user annotated a pending sum on tv (a parallelized
     reduction axis): plan_compute keeps it as it is."""
-    if tv.mesh is None or not any(id_.is_reduction() for id_ in tv.logical):
+    if tv.mesh is None or not _has_reduction(tv):
         return False  # most annotated tensors have no reduction axis: no layouts to read
-    return any(id_.is_reduction() and d for id_, d in zip(tv.logical, tv.layouts()))
+    for id_, digits in zip(tv.logical, tv.layouts()):
+        if id_.is_reduction() and digits:
+            return True
+    return False
+
+
+def _has_reduction(tv) -> bool:
+    for id_ in tv.logical:
+        if id_.is_reduction():
+            return True
+    return False
 
 
 def _same_factors(a: dict, b: dict) -> bool:
