@@ -30,7 +30,7 @@ class TvState:
 
     def __init__(self, mesh=None, layouts=None):
         # (written out: compiled, the generated __init__ with a default
-        # factory costs twice as much, and plans make tens of thousands)
+        # factory costs about three times as much; plans make tens of thousands)
         self.mesh = mesh
         self.layouts = [] if layouts is None else layouts
 

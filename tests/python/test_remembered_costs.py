@@ -77,3 +77,32 @@ def test_conflicts_alike_in_shape_only_are_priced_apart(monkeypatch):
     asked, remembered = _asked_and_explained(monkeypatch, fd, shapes, remember=True)
     assert len(set(asked)) < len(asked)
     assert remembered == _asked_and_explained(monkeypatch, fd, shapes, remember=False)[1]
+
+
+def test_remembered_signatures_are_numel_models():
+    """The cost model reads each shared extent once per plan for its
+    signatures; they must equal NumelModel.signature's (both key the reshard
+    plans every plan shares), for concrete and symbolic sizes, broadcast
+    axes (the triangle update's mask and norms) and reduction axes alike."""
+    from nvshard.models import Direction
+    from nvshard.preseg.cost import CostModel
+    from nvshard.preseg.pipeline import _sizes
+    from nvshard.preseg.program import Program
+    from nvshard.preseg.reshard import NumelModel
+
+    mesh = nvfuser.multidevice.DeviceMesh(torch.arange(4).reshape(1, 2, 2))
+    with FusionDefinition() as triangle:
+        inputs, _ = models.triangle_update(triangle, Direction.OUTGOING, 16, DataType.Float)
+        models.annotate_triangle(inputs, mesh, 1, 2)
+    cases = [(triangle, models.triangle_shapes(2, 8, 16)),
+             _mlp_stack([(DataType.BFloat16, True), (DataType.Float, False)])]
+    checked = set()
+    for fd, shapes in cases:
+        for sizes in (_sizes(fd.fusion, shapes, None), None):
+            program = Program(fd.fusion, sizes)
+            numel = CostModel(program, sizes).numel
+            for tv in program.state:
+                assert numel.signature(tv) == NumelModel.signature(numel, tv), tv.short_name()
+                checked |= {(id_.is_broadcast(), id_.is_reduction(), sizes is None) for id_ in tv.logical}
+    assert checked == {(b, r, s) for b in (False, True) for r in (False, True) for s in (False, True)} - \
+        {(True, True, False), (True, True, True)}
