@@ -23,11 +23,19 @@ class _OpsNamespace:
     """`fd.ops`: every registered op, with nvfuser_direct's keyword names.
     Unknown keywords raise an NvShardError naming the op and its keywords."""
 
+    def __init__(self):
+        # name -> (op, its checked wrapper): reading a signature costs more
+        # than most ops do, and big fusions call the same few ops thousands of times
+        self._wrapped: dict = {}
+
     def __getattr__(self, name: str):
         fn = _ops.FRONTEND.get(name)
         if fn is None:
             raise AttributeError(f"fd.ops has no op '{name}'")
-        return _checked(name, fn)
+        known = self._wrapped.get(name)
+        if known is None or known[0] is not fn:  # (an op registered again gets a new wrapper)
+            known = self._wrapped[name] = (fn, _checked(name, fn))
+        return known[1]
 
     def __dir__(self):
         return sorted(_ops.FRONTEND)
