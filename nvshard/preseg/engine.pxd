@@ -106,3 +106,6 @@ cdef class Engine:
 cpdef bint _competes(Choice m, list choices) except -1
 
 cpdef bint _offered_in(Choice m, list proposals) except -1
+
+@cython.locals(d=Py_ssize_t, k=Py_ssize_t, i=Py_ssize_t, depth=dict, canon=dict, names=list)
+cpdef tuple _structure(program)

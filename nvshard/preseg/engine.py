@@ -727,10 +727,18 @@ def _structure(program: Program):
             canon[tv] = f"in{position}"
     sha1 = hashlib.sha1
     for e in program.exprs:
-        ins = e.tv_inputs
-        d = 1 + max([depth.get(t, 0) for t in ins], default=0)
-        base = e.op.name + "(" + ",".join([canon.get(t, "?") for t in ins]) + ")#"
-        for i, o in enumerate(e.tv_outputs):
+        d = 0
+        names = []
+        for t in e.tv_inputs:
+            k = depth.get(t, 0)
+            if k > d:
+                d = k
+            names.append(canon.get(t, "?"))
+        d += 1
+        base = f"{e.op.name}({','.join(names)})#"
+        i = 0
+        for o in e.tv_outputs:
             depth[o] = d
-            canon[o] = sha1((base + str(i)).encode()).hexdigest()[:16]
+            canon[o] = sha1(f"{base}{i}".encode()).hexdigest()[:16]
+            i += 1
     return depth, canon
