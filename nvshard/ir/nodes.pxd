@@ -6,4 +6,5 @@ cdef class IterDomain:
 
     cpdef bint is_reduction(self) except -1
     cpdef bint is_broadcast(self) except -1
+    cpdef bint is_device_dim(self) except -1
     cpdef extent(self)

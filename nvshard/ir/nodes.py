@@ -58,6 +58,11 @@ class ParallelType(enum.Enum):
 ParallelType.DIDx = ParallelType.mesh_x
 ParallelType.DIDy = ParallelType.mesh_y
 ParallelType.DIDz = ParallelType.mesh_z
+_MESH_X, _MESH_Y, _MESH_Z = ParallelType.mesh_x, ParallelType.mesh_y, ParallelType.mesh_z
+
+
+def _path(id_) -> tuple:
+    return id_.path
 
 
 # Where nvFuser allocates a tensor (`global` is a Python keyword, hence the
@@ -130,7 +135,10 @@ class IterDomain:
         return self.iter_type is _BROADCAST
 
     def is_device_dim(self) -> bool:
-        return self.parallel_type.mesh_axis is not None
+        # (the members whose mesh_axis is not None, by identity: mesh_axis is
+        # a property on an Enum, and every pass asks every loop axis this)
+        parallel_type = self.parallel_type
+        return parallel_type is _MESH_X or parallel_type is _MESH_Y or parallel_type is _MESH_Z
 
     def parallelize(self, parallel_type: ParallelType) -> None:
         if not isinstance(parallel_type, ParallelType):
@@ -376,8 +384,11 @@ class TensorView(Val):
             by_axis[id_.logical_axis].append(id_)
         result = []
         for axis in range(len(self.logical)):
-            leaves = sorted(by_axis[axis], key=lambda i: i.path)
-            digits = [leaf.parallel_type.mesh_axis if leaf.is_device_dim() else leaf.extent() for leaf in leaves]
+            leaves = by_axis[axis]
+            if len(leaves) > 1:
+                leaves.sort(key=_path)
+            # (a device dim's mesh axis is its parallel type's value)
+            digits = [leaf.parallel_type._value_ if leaf.is_device_dim() else leaf.extent() for leaf in leaves]
             result.append(layout.normalize(digits))
         return result
 

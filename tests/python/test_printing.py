@@ -165,6 +165,9 @@ def test_stream_and_didz_parallel_types_print():
         t0.axis(0).parallelize(ParallelType.mesh_z)
         t0.axis(2).parallelize(ParallelType.stream)
     assert str(t0) == "T0_g_float[ideviceIdx.z3{2}, iS2{( ceilDiv(i0, 2) )}, istreamIdx1{8}] (DeviceMesh{{{0}}{{1}}})"
+    # a device dim is an axis parallelized on a mesh axis (stream and serial are not)
+    assert [i.is_device_dim() for i in t0.loop] == [True, False, False]
+    assert {p.name for p in ParallelType if p.mesh_axis is not None} == {"mesh_x", "mesh_y", "mesh_z"}
 
 
 # -- printed form of each op ----------------------------------------------------------------------
