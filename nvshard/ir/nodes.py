@@ -647,9 +647,10 @@ class Fusion:
             if isinstance(v, TensorView):
                 seen[v] = None
         for e in self.exprs:
-            for v in e.inputs + e.outputs:
-                if isinstance(v, TensorView):
-                    seen[v] = None
+            for v in e.tv_inputs:
+                seen[v] = None
+            for v in e.tv_outputs:
+                seen[v] = None
         return list(seen)
 
 

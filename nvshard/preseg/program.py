@@ -93,13 +93,17 @@ class Program:
 
     # -- graph queries -----------------------------------------------------------
     def index(self) -> None:
-        self.producer = {}
-        self.consumers = {tv: [] for tv in self.state}
+        producer, consumers = {}, {tv: [] for tv in self.state}
         for e in self.exprs:
             for o in e.tv_outputs:
-                self.producer[o] = e
+                producer[o] = e
             for i in e.tv_inputs:
-                self.consumers.setdefault(i, []).append(e)
+                readers = consumers.get(i)
+                if readers is None:
+                    consumers[i] = [e]
+                else:
+                    readers.append(e)
+        self.producer, self.consumers = producer, consumers
 
     def tvs(self) -> list[TensorView]:
         return list(self.state)

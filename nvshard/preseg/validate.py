@@ -23,7 +23,7 @@ def validate_annotations(fusion) -> None:
             if name not in tv.mesh.axis_names:
                 raise NvShardError(
                     f"{tv.short_name()}: loop axis {pos} is parallelized on {id_.parallel_type}, "
-                    f"but {tv.mesh} has only {', '.join('DID' + a for a in tv.mesh.axis_names)}"
+                    f"but {tv.mesh} has only {', '.join(['DID' + a for a in tv.mesh.axis_names])}"
                 )
             key = (name, id_.is_reduction())
             if key in used:
