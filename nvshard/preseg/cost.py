@@ -254,7 +254,7 @@ class _RememberingNumel(NumelModel):
         super().__init__(functools.partial(_extent, sizes))
         self._sizes = sizes
         self._signatures: dict = {}
-        # (id(size), iter type) -> (size, an axis's part of a signature): axes
+        # (id(size), id(iter type)) -> (size, an axis's part of a signature): axes
         # share Size objects, so few differ (the entry keeps the size alive,
         # so its id is not reused)
         self._axes: dict = {}
@@ -271,7 +271,7 @@ def _signature(tv, sizes, axes_seen: dict) -> tuple:
     axes = []
     for id_ in tv.logical:
         size = _axis_size(id_)
-        key = (id(size), id_.iter_type)
+        key = (id(size), id(id_.iter_type))  # (ids: an Enum member hashes by running Python code)
         known = axes_seen.get(key)
         if known is None:
             known = axes_seen[key] = (size, (id_.is_reduction(), id_.is_broadcast(), _size_value(sizes, size)))
