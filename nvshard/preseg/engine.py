@@ -59,7 +59,6 @@ _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
 _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
 _crossing, _between = Stage.crossing, Direction.between
-_STAGE_TEXT = {stage: stage.describe() for stage in Stage}  # as the log prints each stage
 
 
 class Engine:
@@ -539,7 +538,7 @@ class Engine:
         else:
             axes.add(axis)
         self._used_cache.pop((tv, self._reduction_axes[tv][axis]), None)
-        self.log.decide(tv, axis, digits, decision.source, decision.priority, _STAGE_TEXT[decision.stage], reason)
+        self.log.decide(tv, axis, digits, decision.source, decision.priority, decision.stage.describe(), reason)
         if tv in self._classes or tv in self.by_target:
             self._invalidate(tv)
 

@@ -69,16 +69,6 @@ class LoggedDecision:
     stage: str
     why: Any  # why, when the decision won a conflict ("" otherwise); str() says it
 
-    def __init__(self, tv, axis: int, digits: tuple, source, priority, stage: str, why):
-        # written out (dataclass keeps it): the generated one runs as Python code
-        self.tv = tv
-        self.axis = axis
-        self.digits = digits
-        self.source = source
-        self.priority = priority
-        self.stage = stage
-        self.why = why
-
     @property
     def reason(self) -> str:
         return str(self.why)

@@ -204,11 +204,3 @@ class Decision:
     priority: int
     stage: Stage
     source: Source
-
-    def __init__(self, digits: tuple, priority: int, stage: Stage, source: Source):
-        # written out (dataclass keeps it): the generated one runs as Python
-        # code, and a plan makes one Decision per tensor axis
-        self.digits = digits
-        self.priority = priority
-        self.stage = stage
-        self.source = source
