@@ -9,7 +9,7 @@ from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_
 cdef class _Rewrite:
     cdef public object program, numel, weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans, layout_keys
+    cdef public dict resharded, plans, layout_keys, tensor_kinds, numbers
 
     @cython.locals(produced=TvState, final=TvState)
     cpdef run(self)
@@ -22,3 +22,8 @@ cdef class _Rewrite:
 
     @cython.locals(keys=list, known=tuple)
     cpdef tuple _state_key(self, TvState state)
+
+    @cython.locals(numbers=dict)
+    cpdef object _number(self, key)
+
+    cpdef object _tensor_kind(self, tv)

@@ -35,7 +35,8 @@ class _Rewrite:
     closures: compiled, closures that call each other form a cycle, which
     would hold every reshard signature until the collector ran.)"""
 
-    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys")
+    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "tensor_kinds",
+                 "numbers")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
@@ -44,7 +45,12 @@ class _Rewrite:
         self.exprs: list = []
         self.resharded: dict = {}  # (tv, target key) -> the tensor holding tv in that layout
         self.plans: dict = {}  # ComputePlan by question: stacked layers compute alike
-        # id(layout) -> (layout, layout.key): propagation hands one layout
+        # A question names each tensor's signature and each layout by a small
+        # number (the first time one is seen), so that hashing and comparing a
+        # question reads a few ints, not nested tuples.
+        self.numbers: dict = {}  # a signature or a layout key -> its number
+        self.tensor_kinds: dict = {}  # tv -> the number of (its signature, annotated_sum)
+        # id(layout) -> (layout, its key's number): propagation hands one layout
         # object from tensor to tensor (the entry keeps it alive, so its id is not reused)
         self.layout_keys: dict = {}
 
@@ -110,7 +116,7 @@ class _Rewrite:
         tensors = expr.tv_inputs + expr.tv_outputs
         first: dict = {}
         question = (rule_text(rule), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]),
-                    tuple([(self.numel.signature(t), annotated_sum(t)) for t in tensors]),
+                    tuple([self._tensor_kind(t) for t in tensors]),
                     tuple([self._state_key(s) for s in results]), tuple([self._state_key(s) for s in operands]))
         plan = self.plans.get(question)
         if plan is None:
@@ -118,16 +124,31 @@ class _Rewrite:
                                                        self._price if self.weigh_alternatives else None)
         return plan
 
+    def _number(self, key) -> int:
+        numbers = self.numbers
+        n = numbers.get(key)
+        if n is None:
+            n = numbers[key] = len(numbers)
+        return n
+
+    def _tensor_kind(self, tv) -> int:
+        """The number of what plan_compute reads of tv besides its state."""
+        n = self.tensor_kinds.get(tv)
+        if n is None:
+            n = self.tensor_kinds[tv] = self._number(("tensor", self.numel.signature(tv), annotated_sum(tv)))
+        return n
+
     def _state_key(self, state: TvState) -> tuple:
-        """state.key(), with each layout's key remembered per layout object."""
+        """state.key(), each layout's key as its number (-1: replicated),
+        remembered per layout object."""
         keys = []
         for digits in state.layouts:
             if not digits:
-                keys.append(())
+                keys.append(-1)
                 continue
             known = self.layout_keys.get(id(digits))
             if known is None:
-                known = self.layout_keys[id(digits)] = (digits, layout.key(digits))
+                known = self.layout_keys[id(digits)] = (digits, self._number(("layout", layout.key(digits))))
             keys.append(known[1])
         return (state.mesh, tuple(keys))
 
