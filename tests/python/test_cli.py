@@ -1,6 +1,10 @@
-"""The `nvshard` console script, run as a user would: in a subprocess, on the
-example its --help prints."""
+"""The `nvshard` command on the example its --help prints: the console
+script run as a user would, in a subprocess (--help), and every command
+through the function it calls, `nvshard.cli.main(argv)`, in this process
+(each subprocess spends seconds starting Python and importing torch)."""
 
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -9,19 +13,29 @@ import sys
 
 import pytest
 
+from nvshard import cli
+
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "nvshard")
 
 
-def run(*args, cwd=None):
-    return run_together(args, cwd=cwd)[0]
+def run(*args):
+    """`nvshard ARGS` as the console script does it, in this process: its
+    exit status and what it printed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as e:  # argparse: --help, or a usage error
+            code = e.code
+    return subprocess.CompletedProcess(["nvshard", *args], code or 0, out.getvalue(), err.getvalue())
 
 
-def run_together(*commands, cwd=None) -> list:
-    """Runs independent commands side by side (each spends seconds starting
-    Python and importing torch); their results in order."""
+def run_script_together(*commands) -> list:
+    """Runs the console script with independent arguments side by side, each
+    in a subprocess; their results in order."""
     assert os.path.exists(SCRIPT), "the console script is missing: pip install -e . (./tools/nvshard setup)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_") and k not in ("RANK", "WORLD_SIZE")}
-    procs = [subprocess.Popen([SCRIPT, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen([SCRIPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for args in commands]
     results = []
     for proc in procs:
@@ -46,7 +60,7 @@ def example(tmp_path_factory):
 
 
 def test_help_shows_the_commands_and_an_example():
-    result, sub = run_together(["--help"], ["bench", "--help"])
+    result, sub = run_script_together(["--help"], ["bench", "--help"])
     assert result.returncode == 0
     assert "{explain,render,bench}" in result.stdout
     assert "with FusionDefinition() as fd:" in result.stdout and "input_shapes = [[8192, 1024], [4096, 1024]]" \
@@ -55,8 +69,7 @@ def test_help_shows_the_commands_and_an_example():
 
 
 def test_explain(example):
-    result, by_tensor = run_together(["explain", str(example), "--show", "T2"],
-                                     ["explain", str(example), "--tensor", "T3"])
+    result, by_tensor = run("explain", str(example), "--show", "T2"), run("explain", str(example), "--tensor", "T3")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "## program after the pre-segmenter" in out and "%kernel_math {" in out
@@ -75,7 +88,7 @@ def test_render(example, tmp_path):
     if shutil.which("dot") is None:
         dot, result = run("render", str(example), "--dot"), None
     else:
-        dot, result = run_together(["render", str(example), "--dot"], ["render", str(example), "-o", str(png)])
+        dot, result = run("render", str(example), "--dot"), run("render", str(example), "-o", str(png))
     assert dot.returncode == 0 and dot.stdout.startswith("digraph plan {")
     assert dot.stdout.count("shape=hexagon") == 1 and "12.00 MiB received per device" in dot.stdout
     if result is None:
@@ -100,9 +113,8 @@ def test_errors(example, tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(example.read_text().replace("input_shapes = [[8192, 1024], [4096, 1024]]",
                                                "input_shapes = [[8192, 1024]]"))
-    missing, wrong, result, unknown = run_together(
-        ["explain", str(tmp_path / "nope.py")], ["render", str(example), "--fusion", "g", "--dot"],
-        ["bench", str(bad)], ["explain", str(example), "--tensor", "T99"])
+    missing, wrong = run("explain", str(tmp_path / "nope.py")), run("render", str(example), "--fusion", "g", "--dot")
+    result, unknown = run("bench", str(bad)), run("explain", str(example), "--tensor", "T99")
     assert missing.returncode == 2 and "nvshard explain: error:" in missing.stderr and "no such file" in missing.stderr
     assert wrong.returncode == 2
     assert "defines no FusionDefinition named 'g'; it has fd (use --fusion NAME)" in wrong.stderr
