@@ -56,6 +56,50 @@ UNARY = ("relu", "neg", "sigmoid", "tanh", "silu")
 BINARY = ("add", "sub", "mul")
 
 
+# -- strategies, made once per argument tuple ---------------------------------------------------
+# A case draws ~70 values. A strategy made afresh for each draw is validated
+# again by hypothesis (about half of generating a case); the same strategy
+# object draws exactly the same values, so the cases drawn are unchanged.
+
+
+def _key(values) -> tuple:
+    return tuple((type(v), v) for v in values)  # 1 and True (or 1.0) stay apart
+
+
+@functools.lru_cache(maxsize=None)
+def _integers(low: int, high: int):
+    return st.integers(low, high)
+
+
+@functools.lru_cache(maxsize=None)
+def _booleans():
+    return st.booleans()
+
+
+@functools.lru_cache(maxsize=None)
+def _sampled_from_key(key: tuple):
+    return st.sampled_from([v for _, v in key])
+
+
+def _sampled_from(values):
+    try:
+        return _sampled_from_key(_key(values))
+    except TypeError:  # unhashable values: a strategy of their own
+        return st.sampled_from(values)
+
+
+@functools.lru_cache(maxsize=None)
+def _permutations_key(key: tuple):
+    return st.permutations([v for _, v in key])
+
+
+def _permutations(values):
+    try:
+        return _permutations_key(_key(values))
+    except TypeError:
+        return st.permutations(values)
+
+
 # -- the program -------------------------------------------------------------------------
 
 
@@ -554,7 +598,7 @@ class _Gen:
         if not refs:
             return None
         # recent tensors first: programs grow into chains rather than fans
-        return self.draw(st.sampled_from(refs[::-1]))
+        return self.draw(_sampled_from(refs[::-1]))
 
     def new_input(self, axes: list, dtype: DataType = DataType.Float) -> Ref:
         shape = [a.extent if a.kind == "i" else 1 for a in axes]
@@ -563,13 +607,13 @@ class _Gen:
                         [Out(logical, dtype, True, dtype.is_reduced_precision)])[0]
 
     def random_input(self, dtype=DataType.Float) -> Ref:
-        rank = self.draw(st.integers(1, self.max_rank))
+        rank = self.draw(_integers(1, self.max_rank))
         axes = []
         for _ in range(rank):
-            if self.draw(st.integers(0, 9)) == 0:
+            if self.draw(_integers(0, 9)) == 0:
                 axes.append(Axis(1, "b"))
             else:
-                axes.append(Axis(self.draw(st.sampled_from(self.extents)), "i"))
+                axes.append(Axis(self.draw(_sampled_from(self.extents)), "i"))
         return self.new_input(axes, dtype)
 
     def pointwise(self, op, args, dtype=None) -> Ref:
@@ -593,68 +637,68 @@ class _Gen:
         """Something to combine with x elementwise: a scalar, a tensor that
         broadcasts with it, or a new input shaped like part of it."""
         xo = self.out(x)
-        choice = self.draw(st.integers(0, 4))
+        choice = self.draw(_integers(0, 4))
         if choice == 0:
-            return self.draw(st.sampled_from([0.5, -1.25, 2.0]))
+            return self.draw(_sampled_from([0.5, -1.25, 2.0]))
         if choice == 4:  # a symbolic scalar input
             return self.add("scalar", [], {}, [Out([], DataType.Double, True, False, scalar=True)])[0]
         if choice == 1:
             cands = [r for r in self.tensors(self.floating) if r != x and _broadcast_axes([xo, self.out(r)])]
             if cands:
-                return self.draw(st.sampled_from(cands[::-1]))
+                return self.draw(_sampled_from(cands[::-1]))
         if choice == 3:
             return x
         # a new input: drop leading axes (rank mismatch), make some axes size 1
         axes = xo.axes
-        drop = self.draw(st.integers(0, max(0, len(axes) - 1)))
+        drop = self.draw(_integers(0, max(0, len(axes) - 1)))
         new = []
         for a in axes[drop:]:
             if a.kind == "i":
-                new.append(a if self.draw(st.integers(0, 3)) else Axis(1, "b"))
+                new.append(a if self.draw(_integers(0, 3)) else Axis(1, "b"))
             elif a.kind == "e":
                 new.append(Axis(1, "b"))
             else:  # a size-1 broadcast may meet a full axis
-                new.append(Axis(self.draw(st.sampled_from((1,) + self.extents)), "i"))
+                new.append(Axis(self.draw(_sampled_from((1,) + self.extents)), "i"))
         new = [a if a.extent != 1 else Axis(1, "b") for a in new]
         return self.new_input(new, xo.dtype if xo.dtype.is_floating else DataType.Float)
 
     # -- ops ---------------------------------------------------------------------------------
     def step(self) -> None:
-        op = self.draw(st.sampled_from(self.ops))
+        op = self.draw(_sampled_from(self.ops))
         getattr(self, "op_" + op)()
 
     def op_unary(self):
         x = self.pick(self.floating)
-        self.pointwise(self.draw(st.sampled_from(UNARY)), [x])
+        self.pointwise(self.draw(_sampled_from(UNARY)), [x])
 
     def op_safe_unary(self):
         # rsqrt / reciprocal of x*x + 1, which is never zero
         x = self.pick(self.floating)
         sq = self.pointwise("mul", [x, x])
         pos = self.pointwise("add", [sq, 1.0])
-        self.pointwise(self.draw(st.sampled_from(("rsqrt", "reciprocal"))), [pos])
+        self.pointwise(self.draw(_sampled_from(("rsqrt", "reciprocal"))), [pos])
 
     def op_binary(self):
         x = self.pick(self.floating)
         y = self.compatible_operand(x)
         args = [x, y]
-        if self.draw(st.booleans()):
+        if self.draw(_booleans()):
             args.reverse()
-        self.pointwise(self.draw(st.sampled_from(BINARY)), args)
+        self.pointwise(self.draw(_sampled_from(BINARY)), args)
 
     def op_pow(self):
         self.pointwise("pow", [self.pick(self.floating), 2.0])
 
     def op_cast(self):
         x = self.pick(self.floating)
-        dtype = self.draw(st.sampled_from([d for d in FLOAT_DTYPES if d != self.out(x).dtype]))
+        dtype = self.draw(_sampled_from([d for d in FLOAT_DTYPES if d != self.out(x).dtype]))
         self.pointwise("cast", [x], dtype)
 
     def op_where(self):
         exact = self.pick(lambda o: o.exact and o.dtype.is_floating)
         pred = self.pointwise("lt", [exact, 0.0], DataType.Bool)
         a = self.pick(lambda o: o.dtype.is_floating and _broadcast_axes([o, self.out(pred)]) is not None)
-        b = self.compatible_operand(a) if self.draw(st.booleans()) else 0.0
+        b = self.compatible_operand(a) if self.draw(_booleans()) else 0.0
         if isinstance(b, Ref) and _broadcast_axes([self.out(pred), self.out(a), self.out(b)]) is None:
             b = 0.0
         args = [pred, a, b]
@@ -666,7 +710,7 @@ class _Gen:
         reducible = [k for k, a in enumerate(axes) if a.kind == "i"]
         dims = sorted(self.draw(st.lists(st.sampled_from(reducible), min_size=1, max_size=len(reducible),
                                          unique=True)))
-        keepdim = self.draw(st.booleans())
+        keepdim = self.draw(_booleans())
         return dims, keepdim
 
     def _reduced_out(self, x: Ref, dims, keepdim, dtype) -> Out:
@@ -694,7 +738,7 @@ class _Gen:
         if self.out(x).dtype.is_reduced_precision:
             x = self.pointwise("cast", [x], DataType.Float)
         dims, keepdim = self._reduce_params(x)
-        correction = self.draw(st.sampled_from([0, 1]))
+        correction = self.draw(_sampled_from([0, 1]))
         n = 1
         for k in dims:
             n *= self.out(x).axes[k].extent
@@ -711,17 +755,17 @@ class _Gen:
         ao = self.out(a)
         k = ao.axes[-1].extent
         dtype = ao.dtype
-        vector = self.draw(st.integers(0, 5)) == 0
+        vector = self.draw(_integers(0, 5)) == 0
         w = None
-        if not vector and self.draw(st.booleans()):
+        if not vector and self.draw(_booleans()):
             w = self.pick(lambda o: o.dtype == dtype and len(o.axes) == 2 and o.axes[1].extent == k
                           and o.axes[1].kind == "i" and o.axes[0].kind == "i")
         if w is None:
-            w_axes = [Axis(k, "i")] if vector else [Axis(self.draw(st.sampled_from(self.extents)), "i"), Axis(k, "i")]
+            w_axes = [Axis(k, "i")] if vector else [Axis(self.draw(_sampled_from(self.extents)), "i"), Axis(k, "i")]
             w = self.new_input(w_axes, dtype)
         wo = self.out(w)
         args = [a, w]
-        if len(wo.axes) == 2 and self.draw(st.integers(0, 2)) == 0:
+        if len(wo.axes) == 2 and self.draw(_integers(0, 2)) == 0:
             args.append(self.new_input([wo.axes[0]], dtype))
         logical = [Axis(x.extent, x.kind) for x in ao.axes[:-1]]
         if len(wo.axes) == 2:
@@ -739,18 +783,18 @@ class _Gen:
         m, k = ao.axes[-2].extent, ao.axes[-1].extent
         batch = ao.axes[:-2]
         b = None
-        if self.draw(st.integers(0, 2)) == 0:
+        if self.draw(_integers(0, 2)) == 0:
             # a @ a^T: the same tensor on both sides
             perm = list(range(len(ao.axes)))
             perm[-2], perm[-1] = perm[-1], perm[-2]
             b = self.add("permute", [a], {"dims": perm},
                          [Out([Axis(ao.axes[d].extent, ao.axes[d].kind) for d in perm], dtype, ao.exact, ao.lowp)])[0]
         if b is None:
-            n = self.draw(st.sampled_from(self.extents))
-            drop = self.draw(st.integers(0, len(batch)))
-            b_batch = [x if x.kind == "i" and self.draw(st.integers(0, 3)) else Axis(1, "b") for x in batch[drop:]]
+            n = self.draw(_sampled_from(self.extents))
+            drop = self.draw(_integers(0, len(batch)))
+            b_batch = [x if x.kind == "i" and self.draw(_integers(0, 3)) else Axis(1, "b") for x in batch[drop:]]
             b = self.new_input(b_batch + [Axis(k, "i"), Axis(n, "i")], dtype)
-        if self.draw(st.integers(0, 3)) == 0 and len(ao.axes) == 2:
+        if self.draw(_integers(0, 3)) == 0 and len(ao.axes) == 2:
             a, b = b, a  # the new operand first: [.., k, n] @ [m, k] needs n == m
             if self.out(a).axes[-1].extent != self.out(b).axes[-2].extent:
                 a, b = b, a
@@ -765,7 +809,7 @@ class _Gen:
         if x is None:
             return self.op_unary()
         xo = self.out(x)
-        perm = self.draw(st.permutations(range(len(xo.axes))))
+        perm = self.draw(_permutations(range(len(xo.axes))))
         self.add("permute", [x], {"dims": list(perm)},
                  [Out([Axis(xo.axes[d].extent, xo.axes[d].kind) for d in perm], xo.dtype, xo.exact, xo.lowp)])
 
@@ -776,17 +820,17 @@ class _Gen:
         xo = self.out(x)
         shape = list(xo.shape)
         can_merge = len(shape) >= 2
-        if len(shape) < self.max_rank + 1 and (not can_merge or self.draw(st.booleans())):
-            k = self.draw(st.integers(0, len(shape) - 1))
+        if len(shape) < self.max_rank + 1 and (not can_merge or self.draw(_booleans())):
+            k = self.draw(_integers(0, len(shape) - 1))
             e = shape[k]
-            p = self.draw(st.sampled_from([d for d in (2, 4, 8) if e % d == 0 and e // d > 1] or [1]))
+            p = self.draw(_sampled_from([d for d in (2, 4, 8) if e % d == 0 and e // d > 1] or [1]))
             new = shape[:k] + [p, e // p] + shape[k + 1:]
         else:
-            k = self.draw(st.integers(0, len(shape) - 2))
+            k = self.draw(_integers(0, len(shape) - 2))
             new = shape[:k] + [shape[k] * shape[k + 1]] + shape[k + 2:]
         spelled = list(new)
-        if self.draw(st.integers(0, 3)) == 0:
-            spelled[self.draw(st.integers(0, len(new) - 1))] = -1
+        if self.draw(_integers(0, 3)) == 0:
+            spelled[self.draw(_integers(0, len(new) - 1))] = -1
         logical = [Axis(e, "i" if e != 1 else "b") for e in new]
         self.add("reshape", [x], {"new_shape": spelled}, [Out(logical, xo.dtype, xo.exact, xo.lowp)])
 
@@ -795,15 +839,15 @@ class _Gen:
         if x is None:
             return self.op_unary()
         xo = self.out(x)
-        k = self.draw(st.sampled_from([k for k, a in enumerate(xo.axes) if a.kind == "i" and a.extent >= 8]))
+        k = self.draw(_sampled_from([k for k, a in enumerate(xo.axes) if a.kind == "i" and a.extent >= 8]))
         e = xo.axes[k].extent
-        start, end = self.draw(st.sampled_from([(0, e // 2), (e // 2, e), (e // 4, 3 * e // 4)]))
+        start, end = self.draw(_sampled_from([(0, e // 2), (e // 2, e), (e // 4, 3 * e // 4)]))
         starts = [0] * len(xo.axes)
         ends = list(xo.shape)
         starts[k], ends[k] = start, end
         logical = [Axis(a.extent, a.kind) for a in xo.axes]
         logical[k] = Axis(end - start, "i")
-        self.add("slice", [x], {"starts": starts, "ends": ends, "axis": k, "size_ends": self.draw(st.booleans())},
+        self.add("slice", [x], {"starts": starts, "ends": ends, "axis": k, "size_ends": self.draw(_booleans())},
                  [Out(logical, xo.dtype, xo.exact, xo.lowp)])
 
     def op_cat(self):
@@ -812,12 +856,12 @@ class _Gen:
         if x is None:
             return self.op_unary()
         xo = self.out(x)
-        dim = self.draw(st.sampled_from([k for k, a in enumerate(xo.axes) if a.kind == "i"]))
-        if self.draw(st.booleans()):
+        dim = self.draw(_sampled_from([k for k, a in enumerate(xo.axes) if a.kind == "i"]))
+        if self.draw(_booleans()):
             y = x
         else:
             axes = [Axis(a.extent, a.kind) for a in xo.axes]
-            axes[dim] = Axis(self.draw(st.sampled_from(self.extents)), "i")
+            axes[dim] = Axis(self.draw(_sampled_from(self.extents)), "i")
             y = self.new_input(axes, xo.dtype)
         yo = self.out(y)
         logical = [Axis(a.extent, a.kind) for a in xo.axes]
@@ -831,8 +875,8 @@ class _Gen:
             return self.op_unary()
         xo = self.out(x)
         rank = len(xo.axes) + 1
-        new_dim = self.draw(st.integers(0, rank - 1))
-        extent = self.draw(st.sampled_from((1,) + self.extents))
+        new_dim = self.draw(_integers(0, rank - 1))
+        extent = self.draw(_sampled_from((1,) + self.extents))
         dims = [d for d in range(rank) if d != new_dim]
         shape = []
         logical = []
@@ -867,7 +911,7 @@ class _Gen:
         x = self.pick(lambda o: len(o.axes) < self.max_rank + 1)
         xo = self.out(x)
         rank = len(xo.axes) + 1
-        new = self.draw(st.integers(0, rank - 1))
+        new = self.draw(_integers(0, rank - 1))
         flags = [d == new for d in range(rank)]
         it = iter(xo.axes)
         logical = [Axis(1, "b") if f else (lambda a: Axis(a.extent, a.kind))(next(it)) for f in flags]
@@ -879,14 +923,14 @@ class _Gen:
         q = self.pick(lambda o: len(o.axes) == 4 and all(a.kind == "i" for a in o.axes)
                       and o.dtype in (DataType.Float, DataType.BFloat16))
         if q is None:
-            q = self.new_input([Axis(self.draw(st.sampled_from(self.extents)), "i") for _ in range(4)])
+            q = self.new_input([Axis(self.draw(_sampled_from(self.extents)), "i") for _ in range(4)])
         qo = self.out(q)
         b, h, L, E = qo.shape
-        S = self.draw(st.sampled_from(self.extents))
-        Ev = self.draw(st.sampled_from(self.extents))
+        S = self.draw(_sampled_from(self.extents))
+        Ev = self.draw(_sampled_from(self.extents))
         k = self.new_input([Axis(b, "i"), Axis(h, "i"), Axis(S, "i"), Axis(E, "i")], qo.dtype)
         v = self.new_input([Axis(b, "i"), Axis(h, "i"), Axis(S, "i"), Axis(Ev, "i")], qo.dtype)
-        causal = self.draw(st.booleans())
+        causal = self.draw(_booleans())
         out = Out([Axis(b, "i"), Axis(h, "i"), Axis(L, "i"), Axis(Ev, "i")], qo.dtype, False, qo.lowp)
         lse = Out([Axis(b, "i"), Axis(h, "i"), Axis(L, "i")], DataType.Float, False, qo.lowp)
         seed = Out([Axis(2, "i")], DataType.UInt64, False, False)
@@ -902,7 +946,7 @@ ALL_OPS = ("unary", "binary", "sum", "linear", "matmul", "permute", "reshape", "
 @st.composite
 def meshes(draw, max_devices: int = 8, offset_ok: bool = True):
     """(device ids, shape) of a 1-3-D mesh with at most max_devices devices."""
-    shape = draw(st.sampled_from([
+    shape = draw(_sampled_from([
         (2,), (4,), (8,), (1,),
         (2, 2), (2, 4), (4, 2), (1, 2), (2, 1),
         (2, 2, 2), (1, 2, 2), (2, 1, 2),
@@ -913,9 +957,9 @@ def meshes(draw, max_devices: int = 8, offset_ok: bool = True):
     if n > max_devices:
         shape, n = (2,), 2
     devices = list(range(n))
-    kind = draw(st.integers(0, 5)) if offset_ok else 0
+    kind = draw(_integers(0, 5)) if offset_ok else 0
     if kind == 4:  # devices in another order
-        devices = draw(st.permutations(devices))
+        devices = draw(_permutations(devices))
     elif kind == 5 and n <= max_devices // 2:  # not starting at device 0
         devices = [d + n for d in devices]
     return list(devices), shape
@@ -928,7 +972,7 @@ def _layout_for(draw, extent: int, mesh_axes: list, sizes: dict) -> tuple:
     for m in mesh_axes:
         d *= sizes[m]
     rest = extent // d
-    pos = draw(st.integers(0, len(mesh_axes)))
+    pos = draw(_integers(0, len(mesh_axes)))
     digits = list(mesh_axes[:pos]) + [rest] + list(mesh_axes[pos:])
     return normalize(digits)
 
@@ -938,14 +982,14 @@ def annotations_for(draw, gen_nodes: list, refs: list, n_meshes: int, mesh_sizes
     anns = {}
     for ref in refs:
         o = gen_nodes[ref.node].outs[ref.out]
-        if not draw(st.integers(0, 2)) == 0 and not (gen_nodes[ref.node].is_input and draw(st.booleans())):
+        if not draw(_integers(0, 2)) == 0 and not (gen_nodes[ref.node].is_input and draw(_booleans())):
             continue
-        mesh = draw(st.integers(0, n_meshes - 1))
+        mesh = draw(_integers(0, n_meshes - 1))
         sizes = mesh_sizes[mesh]
         # a user-chosen pending sum is a partial over a contraction (var_mean's is not a sum)
         pending_ok = gen_nodes[ref.node].op in ("sum", "linear", "matmul")
         names = list(sizes)
-        order = draw(st.permutations(names))
+        order = draw(_permutations(names))
         per_axis: dict = {}
         for name in order:
             cands = []
@@ -956,15 +1000,15 @@ def annotations_for(draw, gen_nodes: list, refs: list, n_meshes: int, mesh_sizes
                         prod *= sizes[m]
                     if a.extent % prod == 0 and a.extent >= prod:
                         cands.append(k)
-            if not cands or draw(st.integers(0, 2)) == 0:
+            if not cands or draw(_integers(0, 2)) == 0:
                 continue
-            k = draw(st.sampled_from(cands))
-            if o.logical[k].kind == "r" and draw(st.integers(0, 2)) != 0:
+            k = draw(_sampled_from(cands))
+            if o.logical[k].kind == "r" and draw(_integers(0, 2)) != 0:
                 continue  # pending sums are rarer
             per_axis.setdefault(k, []).append(name)
         axes = {k: _layout_for(draw, o.logical[k].extent, ms, sizes) for k, ms in per_axis.items()}
-        build = {k: draw(st.sampled_from(["outer", "inner", "around"])) for k in axes}
-        priority = draw(st.sampled_from([None, None, 0, 1, 2]))
+        build = {k: draw(_sampled_from(["outer", "inner", "around"])) for k in axes}
+        priority = draw(_sampled_from([None, None, 0, 1, 2]))
         anns[ref] = Annotation(mesh, axes, build, priority)
     return anns
 
@@ -974,46 +1018,46 @@ def fusions(draw, max_ops: int = 7, ops=ALL_OPS, max_rank: int = 3, meshes_max: 
             max_devices: int = 8, symbolic: bool = False, extents=EXTENTS):
     """A random valid annotated fusion (see the module docstring)."""
     gen = _Gen(draw, list(ops), max_rank, symbolic, extents)
-    for _ in range(draw(st.integers(1, 2))):
+    for _ in range(draw(_integers(1, 2))):
         gen.random_input()
-    for _ in range(draw(st.integers(1, max_ops))):
+    for _ in range(draw(_integers(1, max_ops))):
         gen.step()
     consumed = {a for n in gen.nodes for a in _flat_refs(n.args)}
     refs = [Ref(i, j) for i, n in enumerate(gen.nodes) for j in range(len(n.outs))]
     refs = [r for r in refs if gen.out(r).dtype != DataType.UInt64 and not gen.out(r).scalar]  # not sdpfa's seed/offset
     sinks = [r for r in refs if not gen.nodes[r.node].is_input and r not in consumed]
     extra = [r for r in refs if not gen.nodes[r.node].is_input and r not in sinks
-             and draw(st.integers(0, 4)) == 0]
+             and draw(_integers(0, 4)) == 0]
     outputs = sorted(set(sinks + extra), key=lambda r: (r.node, r.out))
     tensor_inputs = [r for r in refs if gen.nodes[r.node].op == "input"]
-    if tensor_inputs and draw(st.integers(0, 9)) == 0:  # an input is also an output
-        outputs.append(draw(st.sampled_from(tensor_inputs)))
-    if outputs and draw(st.integers(0, 9)) == 0:  # one tensor output twice
-        outputs.append(draw(st.sampled_from(outputs)))
+    if tensor_inputs and draw(_integers(0, 9)) == 0:  # an input is also an output
+        outputs.append(draw(_sampled_from(tensor_inputs)))
+    if outputs and draw(_integers(0, 9)) == 0:  # one tensor output twice
+        outputs.append(draw(_sampled_from(outputs)))
     if not outputs:  # only inputs: output a copy of the last one
         x = gen.tensors()[-1]
         outputs = [gen.pointwise("neg", [x])] if gen.out(x).dtype.is_floating else []
         if not outputs:
             outputs = [gen.pointwise("where", [x, 1.0, 0.0], DataType.Float)]
-    n_meshes = draw(st.integers(1, meshes_max))
+    n_meshes = draw(_integers(1, meshes_max))
     mesh_list = [draw(meshes(max_devices=max_devices))]
     for _ in range(n_meshes - 1):
         # a pipeline stage: the same shape on other (or partly the same) devices
         d0, shape = mesh_list[0]
         n = len(d0)
-        shift = draw(st.sampled_from([n, n // 2 if n > 1 else n]))
+        shift = draw(_sampled_from([n, n // 2 if n > 1 else n]))
         devices = [d + shift for d in d0]
         if max(devices) >= max_devices:
             devices = list(reversed(d0))
         mesh_list.append((devices, shape))
     sizes = [dict(zip(MESH_AXES, reversed(s))) for _, s in mesh_list]
     anns = draw(annotations_for(gen.nodes, refs, n_meshes, sizes, allow_pending))
-    seed = draw(st.integers(0, 2**16))
+    seed = draw(_integers(0, 2**16))
     is_symbolic = False
     if symbolic:
         for n in gen.nodes:
             if n.op == "input":
-                spelled = [-1 if e != 1 and draw(st.booleans()) else e for e in n.params["shape"]]
+                spelled = [-1 if e != 1 and draw(_booleans()) else e for e in n.params["shape"]]
                 if spelled != n.params["shape"]:
                     n.params["spelled"] = spelled
                     is_symbolic = True
