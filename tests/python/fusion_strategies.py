@@ -77,27 +77,24 @@ def _booleans():
 
 
 @functools.lru_cache(maxsize=None)
-def _sampled_from_key(key: tuple):
-    return st.sampled_from([v for _, v in key])
+def _made(factory, key: tuple):
+    return factory([v for _, v in key])
+
+
+def _once(factory, values):
+    """factory(values) (st.sampled_from, st.permutations), one per distinct values."""
+    try:
+        return _made(factory, _key(values))
+    except TypeError:  # unhashable values: a strategy of their own
+        return factory(values)
 
 
 def _sampled_from(values):
-    try:
-        return _sampled_from_key(_key(values))
-    except TypeError:  # unhashable values: a strategy of their own
-        return st.sampled_from(values)
-
-
-@functools.lru_cache(maxsize=None)
-def _permutations_key(key: tuple):
-    return st.permutations([v for _, v in key])
+    return _once(st.sampled_from, values)
 
 
 def _permutations(values):
-    try:
-        return _permutations_key(_key(values))
-    except TypeError:
-        return st.permutations(values)
+    return _once(st.permutations, values)
 
 
 # -- the program -------------------------------------------------------------------------
