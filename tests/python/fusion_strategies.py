@@ -57,23 +57,15 @@ BINARY = ("add", "sub", "mul")
 
 
 # -- strategies, made once per argument tuple ---------------------------------------------------
-# A case draws ~70 values. A strategy made afresh for each draw is validated
-# again by hypothesis (about half of generating a case); the same strategy
-# object draws exactly the same values, so the cases drawn are unchanged.
+# A case draws ~70 values. Hypothesis keeps st.integers and st.booleans per
+# argument tuple, but makes a new st.sampled_from / st.permutations (of a
+# list) at every call, and validates each new one at its first draw (about
+# half of generating a case). These keep one per distinct values; the same
+# strategy object draws exactly the same values, so the cases are unchanged.
 
 
 def _key(values) -> tuple:
     return tuple((type(v), v) for v in values)  # 1 and True (or 1.0) stay apart
-
-
-@functools.lru_cache(maxsize=None)
-def _integers(low: int, high: int):
-    return st.integers(low, high)
-
-
-@functools.lru_cache(maxsize=None)
-def _booleans():
-    return st.booleans()
 
 
 @functools.lru_cache(maxsize=None)
@@ -604,10 +596,10 @@ class _Gen:
                         [Out(logical, dtype, True, dtype.is_reduced_precision)])[0]
 
     def random_input(self, dtype=DataType.Float) -> Ref:
-        rank = self.draw(_integers(1, self.max_rank))
+        rank = self.draw(st.integers(1, self.max_rank))
         axes = []
         for _ in range(rank):
-            if self.draw(_integers(0, 9)) == 0:
+            if self.draw(st.integers(0, 9)) == 0:
                 axes.append(Axis(1, "b"))
             else:
                 axes.append(Axis(self.draw(_sampled_from(self.extents)), "i"))
@@ -634,7 +626,7 @@ class _Gen:
         """Something to combine with x elementwise: a scalar, a tensor that
         broadcasts with it, or a new input shaped like part of it."""
         xo = self.out(x)
-        choice = self.draw(_integers(0, 4))
+        choice = self.draw(st.integers(0, 4))
         if choice == 0:
             return self.draw(_sampled_from([0.5, -1.25, 2.0]))
         if choice == 4:  # a symbolic scalar input
@@ -647,11 +639,11 @@ class _Gen:
             return x
         # a new input: drop leading axes (rank mismatch), make some axes size 1
         axes = xo.axes
-        drop = self.draw(_integers(0, max(0, len(axes) - 1)))
+        drop = self.draw(st.integers(0, max(0, len(axes) - 1)))
         new = []
         for a in axes[drop:]:
             if a.kind == "i":
-                new.append(a if self.draw(_integers(0, 3)) else Axis(1, "b"))
+                new.append(a if self.draw(st.integers(0, 3)) else Axis(1, "b"))
             elif a.kind == "e":
                 new.append(Axis(1, "b"))
             else:  # a size-1 broadcast may meet a full axis
@@ -679,7 +671,7 @@ class _Gen:
         x = self.pick(self.floating)
         y = self.compatible_operand(x)
         args = [x, y]
-        if self.draw(_booleans()):
+        if self.draw(st.booleans()):
             args.reverse()
         self.pointwise(self.draw(_sampled_from(BINARY)), args)
 
@@ -695,7 +687,7 @@ class _Gen:
         exact = self.pick(lambda o: o.exact and o.dtype.is_floating)
         pred = self.pointwise("lt", [exact, 0.0], DataType.Bool)
         a = self.pick(lambda o: o.dtype.is_floating and _broadcast_axes([o, self.out(pred)]) is not None)
-        b = self.compatible_operand(a) if self.draw(_booleans()) else 0.0
+        b = self.compatible_operand(a) if self.draw(st.booleans()) else 0.0
         if isinstance(b, Ref) and _broadcast_axes([self.out(pred), self.out(a), self.out(b)]) is None:
             b = 0.0
         args = [pred, a, b]
@@ -707,7 +699,7 @@ class _Gen:
         reducible = [k for k, a in enumerate(axes) if a.kind == "i"]
         dims = sorted(self.draw(st.lists(st.sampled_from(reducible), min_size=1, max_size=len(reducible),
                                          unique=True)))
-        keepdim = self.draw(_booleans())
+        keepdim = self.draw(st.booleans())
         return dims, keepdim
 
     def _reduced_out(self, x: Ref, dims, keepdim, dtype) -> Out:
@@ -752,9 +744,9 @@ class _Gen:
         ao = self.out(a)
         k = ao.axes[-1].extent
         dtype = ao.dtype
-        vector = self.draw(_integers(0, 5)) == 0
+        vector = self.draw(st.integers(0, 5)) == 0
         w = None
-        if not vector and self.draw(_booleans()):
+        if not vector and self.draw(st.booleans()):
             w = self.pick(lambda o: o.dtype == dtype and len(o.axes) == 2 and o.axes[1].extent == k
                           and o.axes[1].kind == "i" and o.axes[0].kind == "i")
         if w is None:
@@ -762,7 +754,7 @@ class _Gen:
             w = self.new_input(w_axes, dtype)
         wo = self.out(w)
         args = [a, w]
-        if len(wo.axes) == 2 and self.draw(_integers(0, 2)) == 0:
+        if len(wo.axes) == 2 and self.draw(st.integers(0, 2)) == 0:
             args.append(self.new_input([wo.axes[0]], dtype))
         logical = [Axis(x.extent, x.kind) for x in ao.axes[:-1]]
         if len(wo.axes) == 2:
@@ -780,7 +772,7 @@ class _Gen:
         m, k = ao.axes[-2].extent, ao.axes[-1].extent
         batch = ao.axes[:-2]
         b = None
-        if self.draw(_integers(0, 2)) == 0:
+        if self.draw(st.integers(0, 2)) == 0:
             # a @ a^T: the same tensor on both sides
             perm = list(range(len(ao.axes)))
             perm[-2], perm[-1] = perm[-1], perm[-2]
@@ -788,10 +780,10 @@ class _Gen:
                          [Out([Axis(ao.axes[d].extent, ao.axes[d].kind) for d in perm], dtype, ao.exact, ao.lowp)])[0]
         if b is None:
             n = self.draw(_sampled_from(self.extents))
-            drop = self.draw(_integers(0, len(batch)))
-            b_batch = [x if x.kind == "i" and self.draw(_integers(0, 3)) else Axis(1, "b") for x in batch[drop:]]
+            drop = self.draw(st.integers(0, len(batch)))
+            b_batch = [x if x.kind == "i" and self.draw(st.integers(0, 3)) else Axis(1, "b") for x in batch[drop:]]
             b = self.new_input(b_batch + [Axis(k, "i"), Axis(n, "i")], dtype)
-        if self.draw(_integers(0, 3)) == 0 and len(ao.axes) == 2:
+        if self.draw(st.integers(0, 3)) == 0 and len(ao.axes) == 2:
             a, b = b, a  # the new operand first: [.., k, n] @ [m, k] needs n == m
             if self.out(a).axes[-1].extent != self.out(b).axes[-2].extent:
                 a, b = b, a
@@ -817,17 +809,17 @@ class _Gen:
         xo = self.out(x)
         shape = list(xo.shape)
         can_merge = len(shape) >= 2
-        if len(shape) < self.max_rank + 1 and (not can_merge or self.draw(_booleans())):
-            k = self.draw(_integers(0, len(shape) - 1))
+        if len(shape) < self.max_rank + 1 and (not can_merge or self.draw(st.booleans())):
+            k = self.draw(st.integers(0, len(shape) - 1))
             e = shape[k]
             p = self.draw(_sampled_from([d for d in (2, 4, 8) if e % d == 0 and e // d > 1] or [1]))
             new = shape[:k] + [p, e // p] + shape[k + 1:]
         else:
-            k = self.draw(_integers(0, len(shape) - 2))
+            k = self.draw(st.integers(0, len(shape) - 2))
             new = shape[:k] + [shape[k] * shape[k + 1]] + shape[k + 2:]
         spelled = list(new)
-        if self.draw(_integers(0, 3)) == 0:
-            spelled[self.draw(_integers(0, len(new) - 1))] = -1
+        if self.draw(st.integers(0, 3)) == 0:
+            spelled[self.draw(st.integers(0, len(new) - 1))] = -1
         logical = [Axis(e, "i" if e != 1 else "b") for e in new]
         self.add("reshape", [x], {"new_shape": spelled}, [Out(logical, xo.dtype, xo.exact, xo.lowp)])
 
@@ -844,7 +836,7 @@ class _Gen:
         starts[k], ends[k] = start, end
         logical = [Axis(a.extent, a.kind) for a in xo.axes]
         logical[k] = Axis(end - start, "i")
-        self.add("slice", [x], {"starts": starts, "ends": ends, "axis": k, "size_ends": self.draw(_booleans())},
+        self.add("slice", [x], {"starts": starts, "ends": ends, "axis": k, "size_ends": self.draw(st.booleans())},
                  [Out(logical, xo.dtype, xo.exact, xo.lowp)])
 
     def op_cat(self):
@@ -854,7 +846,7 @@ class _Gen:
             return self.op_unary()
         xo = self.out(x)
         dim = self.draw(_sampled_from([k for k, a in enumerate(xo.axes) if a.kind == "i"]))
-        if self.draw(_booleans()):
+        if self.draw(st.booleans()):
             y = x
         else:
             axes = [Axis(a.extent, a.kind) for a in xo.axes]
@@ -872,7 +864,7 @@ class _Gen:
             return self.op_unary()
         xo = self.out(x)
         rank = len(xo.axes) + 1
-        new_dim = self.draw(_integers(0, rank - 1))
+        new_dim = self.draw(st.integers(0, rank - 1))
         extent = self.draw(_sampled_from((1,) + self.extents))
         dims = [d for d in range(rank) if d != new_dim]
         shape = []
@@ -908,7 +900,7 @@ class _Gen:
         x = self.pick(lambda o: len(o.axes) < self.max_rank + 1)
         xo = self.out(x)
         rank = len(xo.axes) + 1
-        new = self.draw(_integers(0, rank - 1))
+        new = self.draw(st.integers(0, rank - 1))
         flags = [d == new for d in range(rank)]
         it = iter(xo.axes)
         logical = [Axis(1, "b") if f else (lambda a: Axis(a.extent, a.kind))(next(it)) for f in flags]
@@ -927,7 +919,7 @@ class _Gen:
         Ev = self.draw(_sampled_from(self.extents))
         k = self.new_input([Axis(b, "i"), Axis(h, "i"), Axis(S, "i"), Axis(E, "i")], qo.dtype)
         v = self.new_input([Axis(b, "i"), Axis(h, "i"), Axis(S, "i"), Axis(Ev, "i")], qo.dtype)
-        causal = self.draw(_booleans())
+        causal = self.draw(st.booleans())
         out = Out([Axis(b, "i"), Axis(h, "i"), Axis(L, "i"), Axis(Ev, "i")], qo.dtype, False, qo.lowp)
         lse = Out([Axis(b, "i"), Axis(h, "i"), Axis(L, "i")], DataType.Float, False, qo.lowp)
         seed = Out([Axis(2, "i")], DataType.UInt64, False, False)
@@ -954,7 +946,7 @@ def meshes(draw, max_devices: int = 8, offset_ok: bool = True):
     if n > max_devices:
         shape, n = (2,), 2
     devices = list(range(n))
-    kind = draw(_integers(0, 5)) if offset_ok else 0
+    kind = draw(st.integers(0, 5)) if offset_ok else 0
     if kind == 4:  # devices in another order
         devices = draw(_permutations(devices))
     elif kind == 5 and n <= max_devices // 2:  # not starting at device 0
@@ -969,7 +961,7 @@ def _layout_for(draw, extent: int, mesh_axes: list, sizes: dict) -> tuple:
     for m in mesh_axes:
         d *= sizes[m]
     rest = extent // d
-    pos = draw(_integers(0, len(mesh_axes)))
+    pos = draw(st.integers(0, len(mesh_axes)))
     digits = list(mesh_axes[:pos]) + [rest] + list(mesh_axes[pos:])
     return normalize(digits)
 
@@ -979,9 +971,9 @@ def annotations_for(draw, gen_nodes: list, refs: list, n_meshes: int, mesh_sizes
     anns = {}
     for ref in refs:
         o = gen_nodes[ref.node].outs[ref.out]
-        if not draw(_integers(0, 2)) == 0 and not (gen_nodes[ref.node].is_input and draw(_booleans())):
+        if not draw(st.integers(0, 2)) == 0 and not (gen_nodes[ref.node].is_input and draw(st.booleans())):
             continue
-        mesh = draw(_integers(0, n_meshes - 1))
+        mesh = draw(st.integers(0, n_meshes - 1))
         sizes = mesh_sizes[mesh]
         # a user-chosen pending sum is a partial over a contraction (var_mean's is not a sum)
         pending_ok = gen_nodes[ref.node].op in ("sum", "linear", "matmul")
@@ -997,10 +989,10 @@ def annotations_for(draw, gen_nodes: list, refs: list, n_meshes: int, mesh_sizes
                         prod *= sizes[m]
                     if a.extent % prod == 0 and a.extent >= prod:
                         cands.append(k)
-            if not cands or draw(_integers(0, 2)) == 0:
+            if not cands or draw(st.integers(0, 2)) == 0:
                 continue
             k = draw(_sampled_from(cands))
-            if o.logical[k].kind == "r" and draw(_integers(0, 2)) != 0:
+            if o.logical[k].kind == "r" and draw(st.integers(0, 2)) != 0:
                 continue  # pending sums are rarer
             per_axis.setdefault(k, []).append(name)
         axes = {k: _layout_for(draw, o.logical[k].extent, ms, sizes) for k, ms in per_axis.items()}
@@ -1015,28 +1007,28 @@ def fusions(draw, max_ops: int = 7, ops=ALL_OPS, max_rank: int = 3, meshes_max: 
             max_devices: int = 8, symbolic: bool = False, extents=EXTENTS):
     """A random valid annotated fusion (see the module docstring)."""
     gen = _Gen(draw, list(ops), max_rank, symbolic, extents)
-    for _ in range(draw(_integers(1, 2))):
+    for _ in range(draw(st.integers(1, 2))):
         gen.random_input()
-    for _ in range(draw(_integers(1, max_ops))):
+    for _ in range(draw(st.integers(1, max_ops))):
         gen.step()
     consumed = {a for n in gen.nodes for a in _flat_refs(n.args)}
     refs = [Ref(i, j) for i, n in enumerate(gen.nodes) for j in range(len(n.outs))]
     refs = [r for r in refs if gen.out(r).dtype != DataType.UInt64 and not gen.out(r).scalar]  # not sdpfa's seed/offset
     sinks = [r for r in refs if not gen.nodes[r.node].is_input and r not in consumed]
     extra = [r for r in refs if not gen.nodes[r.node].is_input and r not in sinks
-             and draw(_integers(0, 4)) == 0]
+             and draw(st.integers(0, 4)) == 0]
     outputs = sorted(set(sinks + extra), key=lambda r: (r.node, r.out))
     tensor_inputs = [r for r in refs if gen.nodes[r.node].op == "input"]
-    if tensor_inputs and draw(_integers(0, 9)) == 0:  # an input is also an output
+    if tensor_inputs and draw(st.integers(0, 9)) == 0:  # an input is also an output
         outputs.append(draw(_sampled_from(tensor_inputs)))
-    if outputs and draw(_integers(0, 9)) == 0:  # one tensor output twice
+    if outputs and draw(st.integers(0, 9)) == 0:  # one tensor output twice
         outputs.append(draw(_sampled_from(outputs)))
     if not outputs:  # only inputs: output a copy of the last one
         x = gen.tensors()[-1]
         outputs = [gen.pointwise("neg", [x])] if gen.out(x).dtype.is_floating else []
         if not outputs:
             outputs = [gen.pointwise("where", [x, 1.0, 0.0], DataType.Float)]
-    n_meshes = draw(_integers(1, meshes_max))
+    n_meshes = draw(st.integers(1, meshes_max))
     mesh_list = [draw(meshes(max_devices=max_devices))]
     for _ in range(n_meshes - 1):
         # a pipeline stage: the same shape on other (or partly the same) devices
@@ -1049,12 +1041,12 @@ def fusions(draw, max_ops: int = 7, ops=ALL_OPS, max_rank: int = 3, meshes_max: 
         mesh_list.append((devices, shape))
     sizes = [dict(zip(MESH_AXES, reversed(s))) for _, s in mesh_list]
     anns = draw(annotations_for(gen.nodes, refs, n_meshes, sizes, allow_pending))
-    seed = draw(_integers(0, 2**16))
+    seed = draw(st.integers(0, 2**16))
     is_symbolic = False
     if symbolic:
         for n in gen.nodes:
             if n.op == "input":
-                spelled = [-1 if e != 1 and draw(_booleans()) else e for e in n.params["shape"]]
+                spelled = [-1 if e != 1 and draw(st.booleans()) else e for e in n.params["shape"]]
                 if spelled != n.params["shape"]:
                     n.params["spelled"] = spelled
                     is_symbolic = True
