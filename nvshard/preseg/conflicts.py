@@ -58,10 +58,13 @@ class ConflictResolver:
         scored = []
         for choices, cost in zip(candidates, self._costs(tv, candidates)):
             dropped = [m for m in pool if m not in choices]
-            scored.append(Scored(
-                choices, cost, min((m.priority for m in dropped), default=float("inf")),
-                sum(1 for m in choices if any(p.direction is Direction.FORWARD for p in m.sources)),
-                tuple(sorted((m.axis, layout.key(m.digits), str(m.mesh)) for m in choices))))
+            forward = 0
+            for m in choices:
+                if _forward(m):
+                    forward += 1
+            facts = [(m.axis, layout.key(m.digits), str(m.mesh)) for m in choices]
+            scored.append(Scored(choices, cost, min([m.priority for m in dropped], default=float("inf")),
+                                 forward, tuple(sorted(facts))))
         scored.sort(key=Scored.key)
         best = scored[0]
         reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
@@ -78,7 +81,10 @@ class ConflictResolver:
         whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
         options = [[pending], [whole]]
         costs = self._costs(tv, options)
-        best = min(range(len(options)), key=lambda i: costs[i].key())  # ties keep the partial sum
+        best = 0  # ties keep the partial sum
+        for i in range(1, len(options)):
+            if costs[i].key() < costs[best].key():
+                best = i
         if best == 0:
             return options[0], ""
         reason = ByCost("fewer bytes ({} vs {})", (costs[best], costs[0]))
@@ -95,7 +101,7 @@ class ConflictResolver:
             axes = layout.mesh_axes_of(m.digits)
             for j in range(1, len(axes)):
                 digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
-                if not any(o.axis == m.axis and layout.same(o.digits, digits) for o in pool):
+                if not _offered(pool, m.axis, digits):
                     pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, m.reduction, list(m.sources)))
         by_axis: dict = {}
         for m in pool:
@@ -103,15 +109,10 @@ class ConflictResolver:
         candidates = []
         for combo in itertools.product(*[by_axis[a] + [None] for a in sorted(by_axis)]):
             chosen = [m for m in combo if m is not None]
-            if chosen and not any(compete(a, b) for a, b in itertools.combinations(chosen, 2)):
+            if chosen and not _any_compete(chosen):
                 candidates.append(chosen)
         # keep maximal candidates only: adding a compatible choice is free
-        maximal = []
-        for c in candidates:
-            ids = {id(m) for m in c}
-            if not any(ids < {id(m) for m in d} for d in candidates):
-                maximal.append(c)
-        return maximal, pool
+        return _maximal(candidates), pool
 
     def _costs(self, tv, candidates: list) -> list:
         """Each candidate's cost. Stacked layers meet the same conflict over
@@ -142,9 +143,9 @@ class ConflictResolver:
             for t, (layouts, mesh) in others.items():
                 if t not in seen:
                     seen.add(t)
-                    parts.append((mesh, tuple([key(d) if d else d for d in layouts])))
+                    parts.append((mesh, tuple([key(x) if x else x for x in layouts])))
             for o in e.tv_outputs:
-                if any(d is None for d in (others[o][0] if o is not tv else engine.decided[tv])):
+                if _any_none(others[o][0] if o is not tv else engine.decided[tv]):
                     parts.append(tuple([_facts(m, key) for m in engine.current_choices(o)]))
                 else:
                     parts.append(None)
@@ -187,7 +188,13 @@ class ConflictResolver:
     def _cost(self, tv, chosen: list, around: list) -> Cost:
         """Bytes the exprs around tv would move with `chosen` applied."""
         engine = self.engine
-        mesh = engine.mesh[tv] or next((m.mesh for m in chosen if m.mesh is not None), None)
+        mesh = engine.mesh[tv]
+        if not mesh:
+            mesh = None
+            for m in chosen:
+                if m.mesh is not None:
+                    mesh = m.mesh
+                    break
         layouts = [d.digits if d is not None else None for d in engine.decided[tv]]
         for m in chosen:
             layouts[m.axis] = m.digits
@@ -198,8 +205,8 @@ class ConflictResolver:
             for t, (t_layouts, t_mesh) in others.items():
                 states[t] = TvState(t_mesh if t_mesh is not None else mesh, t_layouts)
             for o in e.tv_outputs:
-                for k, d in enumerate(states[o].layouts):
-                    if d is None:
+                for k, digits in enumerate(states[o].layouts):
+                    if digits is None:
                         options[(o, k)] = self._options(o, k, e, tv, chosen, states)
             total = total + self.cost.expr_cost(e, states, options, shared)
         return total
@@ -216,7 +223,12 @@ class ConflictResolver:
             if other is expr or not other.tv_outputs:
                 continue
             decided = [engine.decided[o] for o in other.tv_outputs]
-            if all(d is not None for ds in decided for d in ds):
+            whole = True
+            for ds in decided:
+                if _any_none(ds):
+                    whole = False
+                    break
+            if whole:
                 rule = engine.p.rule(other)
                 results = [TvState(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
                 compute = plan_compute(other, results, rule)
@@ -235,7 +247,15 @@ class ConflictResolver:
             if implied is not None:
                 opts.append(implied)
         for m in self.engine.current_choices(out):
-            if m.axis == k and not (out is tv and any(compete(m, c) for c in chosen)):
+            if m.axis != k:
+                continue
+            fits = True
+            if out is tv:
+                for c in chosen:
+                    if compete(m, c):
+                        fits = False
+                        break
+            if fits:
                 opts.append(m.digits)
         opts.append(())
         unique = {}
@@ -259,6 +279,39 @@ class ConflictResolver:
         if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
             return None
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
+
+
+def _any_none(values) -> bool:
+    """Whether any of the values is None (an open axis)."""
+    for v in values:
+        if v is None:
+            return True
+    return False
+
+
+def _maximal(candidates: list) -> list:
+    """The candidates no other one contains."""
+    maximal = []
+    for c in candidates:
+        ids = {id(m) for m in c}
+        if not any(ids < {id(m) for m in d} for d in candidates):
+            maximal.append(c)
+    return maximal
+
+
+def _forward(m: Choice) -> bool:
+    """Whether a choice keeps a producer's sharding (a source reaches it forward)."""
+    return any(p.direction is Direction.FORWARD for p in m.sources)
+
+
+def _offered(pool: list, axis: int, digits) -> bool:
+    """Whether the pool already has `digits` on `axis`."""
+    return any(o.axis == axis and layout.same(o.digits, digits) for o in pool)
+
+
+def _any_compete(chosen: list) -> bool:
+    """Whether two of the choices compete."""
+    return any(compete(a, b) for a, b in itertools.combinations(chosen, 2))
 
 
 def _facts(m: Choice, key) -> tuple:

@@ -6,6 +6,7 @@ import torch
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition, models
+from nvshard.preseg import engine
 from nvshard.preseg.conflicts import ConflictResolver
 
 P = nvfuser.ParallelType
@@ -46,15 +47,17 @@ def _explained(fd, shapes) -> str:
 
 
 def _asked_and_explained(monkeypatch, fd, shapes, remember: bool):
-    question = ConflictResolver._question
     asked = []
 
-    def asking(self, tv, candidates, around):
-        key, tensors = question(self, tv, candidates, around)
-        asked.append(key)
-        return (key if remember else object()), tensors
+    # A subclass, not a patched method: compiled, ConflictResolver is an
+    # extension type (its methods cannot be replaced, only overridden).
+    class Asking(ConflictResolver):
+        def _question(self, tv, candidates, around):
+            key, tensors = ConflictResolver._question(self, tv, candidates, around)
+            asked.append(key)
+            return (key if remember else object()), tensors
 
-    monkeypatch.setattr(ConflictResolver, "_question", asking)
+    monkeypatch.setattr(engine, "ConflictResolver", Asking)
     return asked, _explained(fd, shapes)
 
 

@@ -1,0 +1,50 @@
+# Compiled types for conflicts.py: the resolver's fields, and the local types of
+# the methods every conflict runs, which then read the engine's and the choices'
+# fields as struct fields.
+
+import cython
+
+from nvshard.preseg.engine cimport Engine
+from nvshard.preseg.proposals cimport Choice, Decision
+
+
+cdef class ConflictResolver:
+    cdef public Engine engine
+    cdef public object cost
+    cdef public dict _answers, _neighbourhoods
+
+    @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list)
+    cpdef tuple resolve(self, tv)
+
+    @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
+    cpdef tuple weigh_partial_sum(self, tv, Choice pending)
+
+    @cython.locals(m=Choice, o=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
+    cpdef tuple _candidates(self, tv)
+
+    @cython.locals(around=list, tensors=list)
+    cpdef list _costs(self, tv, list candidates)
+
+    @cython.locals(engine=Engine, d=Decision, m=Choice, parts=list, seen=set, others=dict, shared=dict,
+                   place=dict, c=list)
+    cpdef tuple _question(self, tv, list candidates, list around)
+
+    @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list)
+    cpdef tuple _neighbourhood(self, tv)
+
+    @cython.locals(engine=Engine, d=Decision, around=list, others=dict, ends=list)
+    cpdef list _around(self, tv)
+
+    @cython.locals(engine=Engine, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict)
+    cpdef _cost(self, tv, list chosen, list around)
+
+    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, decided=list, whole=bint)
+    cpdef tuple _sharing(self, expr, operand)
+
+    @cython.locals(m=Choice, c=Choice, opts=list, unique=dict, fits=bint)
+    cpdef list _options(self, out, k, expr, tv, list chosen, dict states)
+
+
+cpdef tuple _facts(Choice m, key)
+
+cpdef bint _any_none(values) except -1
