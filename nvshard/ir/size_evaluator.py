@@ -4,6 +4,7 @@ plans), ops (checks that need sizes) and the executor ask it."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Optional
 
 from ..errors import NvShardError
@@ -74,13 +75,15 @@ class SizeEvaluator:
         if known is not None:
             return known[1]
         c = Size.of(size).canonical()
-        value = c.coef
+        # coef * prod(symbols) in ints (Fraction arithmetic is pure Python)
+        numerator, denominator = c.coef.numerator, c.coef.denominator
         for s in c.syms:
-            value *= self.sym_value(s)
-        if value.denominator != 1:
-            raise NvShardError(f"extent {size} is not a whole number ({value})")
-        self._evaluated[id(size)] = (size, int(value))
-        return int(value)
+            numerator *= self.sym_value(s)
+        if numerator % denominator:
+            raise NvShardError(f"extent {size} is not a whole number ({Fraction(numerator, denominator)})")
+        value = int(numerator // denominator)  # (an input's extent may be a numpy int)
+        self._evaluated[id(size)] = (size, value)
+        return value
 
     def sym_value(self, sym: Sym) -> int:
         root = sym.find()

@@ -66,13 +66,30 @@ def _sym_order(s: Sym) -> tuple:
     return (0 if s.definition is None else 1, int(digits) if digits else 0, s.name)
 
 
+# Fractions of the ints sizes are made from (block sizes, mesh sizes), made
+# once: Fraction is pure Python, and making one costs as much as a dozen
+# dict lookups. Fractions are immutable, so sharing them is safe.
+_FRACTIONS: dict = {}
+
+
+def _fraction(value) -> Fraction:
+    if type(value) is not int:
+        return Fraction(value)
+    known = _FRACTIONS.get(value)
+    if known is None:
+        known = Fraction(value)
+        if len(_FRACTIONS) < 4096:
+            _FRACTIONS[value] = known
+    return known
+
+
 class Size:
     """coef * prod(syms). Immutable; compare with `same_as` or `==`."""
 
     __slots__ = ("coef", "syms", "_canonical", "_key", "_epoch")
 
     def __init__(self, coef=1, syms: Iterable[Sym] = ()):
-        self.coef = coef if isinstance(coef, Fraction) else Fraction(coef)
+        self.coef = coef if isinstance(coef, Fraction) else _fraction(coef)
         self.syms = tuple(syms)
         self._epoch = -1
 
@@ -132,7 +149,7 @@ class Size:
 
     def __eq__(self, other) -> bool:
         if isinstance(other, int):
-            other = Size(other)
+            return self.key() == (other, ())  # Size(other).key(), without making it
         if not isinstance(other, Size):
             return NotImplemented
         return self.key() == other.key()
