@@ -113,7 +113,7 @@ class Size:
         self._canonical = None if canonical is self else canonical
         coef = canonical.coef
         # ints hash much faster than Fractions, and these keys are hashed a lot
-        self._key = (coef.numerator if coef.denominator == 1 else coef, tuple(id(s) for s in canonical.syms))
+        self._key = (coef.numerator if coef.denominator == 1 else coef, tuple([id(s) for s in canonical.syms]))
         self._epoch = _EPOCH[0]
         return canonical
 

@@ -36,7 +36,10 @@ class ShardingError(ValueError):
 
 def normalize(digits: Sequence) -> AxisSharding:
     """Merge adjacent local blocks, drop blocks of size 1; () if no mesh digit."""
-    if not any(isinstance(d, str) for d in digits):
+    for d in digits:
+        if isinstance(d, str):
+            break
+    else:
         return ()
     out: list = []
     for d in digits:

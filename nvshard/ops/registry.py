@@ -105,7 +105,7 @@ class OpSpec:
 
     def rule_sizes_key(self, expr, sizes):
         """For rule_needs_sizes ops: what of `sizes` the rule depends on."""
-        return tuple(tuple(sizes.global_shape(t)) for t in expr.tv_inputs + expr.tv_outputs)
+        return tuple([tuple(sizes.global_shape(t)) for t in expr.tv_inputs + expr.tv_outputs])
 
     def check_sizes(self, expr, sizes) -> None:
         """Checks only concrete sizes allow (e.g. a reshape's element count);

@@ -25,6 +25,8 @@ from .program import TvState
 from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 
+_FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
+
 
 @dataclass(slots=True)
 class Scored:
@@ -301,17 +303,26 @@ def _maximal(candidates: list) -> list:
 
 def _forward(m: Choice) -> bool:
     """Whether a choice keeps a producer's sharding (a source reaches it forward)."""
-    return any(p.direction is Direction.FORWARD for p in m.sources)
+    for p in m.sources:
+        if p.direction is _FORWARD:
+            return True
+    return False
 
 
 def _offered(pool: list, axis: int, digits) -> bool:
     """Whether the pool already has `digits` on `axis`."""
-    return any(o.axis == axis and layout.same(o.digits, digits) for o in pool)
+    for o in pool:
+        if o.axis == axis and layout.same(o.digits, digits):
+            return True
+    return False
 
 
 def _any_compete(chosen: list) -> bool:
     """Whether two of the choices compete."""
-    return any(compete(a, b) for a, b in itertools.combinations(chosen, 2))
+    for a, b in itertools.combinations(chosen, 2):
+        if compete(a, b):
+            return True
+    return False
 
 
 def _facts(m: Choice, key) -> tuple:

@@ -131,7 +131,7 @@ class CostModel:
         if same_state(src, dst):
             return Cost(symbolic=self.symbolic)
         steps = plan_reshard(tv, src, dst, self.numel)
-        total = sum(s.bytes for s in steps)
+        total = sum([s.bytes for s in steps])
         named = [(tv.short_name(), s) for s in steps]
         if self.is_weight(tv):
             return Cost(total, 0.0, self.symbolic, named)
@@ -193,7 +193,7 @@ class CostModel:
             filled = {o: TvState(states[o].mesh, list(states[o].layouts)) for o in outputs}
             for (o, k), digits in zip(open_axes, combo):
                 filled[o].layouts[k] = digits
-            if not all(_consistent(o, filled[o]) for o in outputs):
+            if not _all_consistent(outputs, filled):
                 continue
             cost = self._run_cost(expr, states, filled, shared)
             if best is None or cost.key() < best.key():
@@ -283,7 +283,15 @@ def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
     """Bytes received per device by the reshard plan from src to dst."""
     if same_state(src, dst):
         return 0.0
-    return sum(s.bytes for s in plan_reshard(tv, src, dst, numel))
+    return sum([s.bytes for s in plan_reshard(tv, src, dst, numel)])
+
+
+def _all_consistent(outputs: list, filled: dict) -> bool:
+    """Whether every result's layouts are consistent (_consistent)."""
+    for o in outputs:
+        if not _consistent(o, filled[o]):
+            return False
+    return True
 
 
 def _consistent(tv, state: TvState) -> bool:

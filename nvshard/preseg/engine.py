@@ -372,9 +372,10 @@ class Engine:
             real = [c for c in combo if c is not None]
             digits = layout.join_layouts([c.digits if c is not None else () for c in combo], s.extents)
             first = real[0]
+            meshes = [c.mesh for c in real if c.mesh is not None]
             proposals.append(Proposal(
-                s.tv, s.axis, digits, next((c.mesh for c in real if c.mesh is not None), None),
-                max(c.priority for c in real), _RESHAPE, expr, s.names, first.tv,
+                s.tv, s.axis, digits, meshes[0] if meshes else None,
+                max([c.priority for c in real]), _RESHAPE, expr, s.names, first.tv,
                 _between(first.role, s.role), s.reduction,
             ))
 

@@ -36,8 +36,8 @@ class DecisionLog:
     def conflict(self, tv, scored: list, winner: list, reason) -> None:
         # The candidates' choices may still be merged (and change) after this:
         # keep what the text needs as plain values, formatted when read.
-        candidates = tuple((cand is winner, tuple(sorted((m.axis, m.digits, m.priority) for m in cand)), cost)
-                           for cand, cost in scored)
+        candidates = tuple([(cand is winner, tuple(sorted([(m.axis, m.digits, m.priority) for m in cand])), cost)
+                            for cand, cost in scored])
         self.entries.append(LoggedConflict(tv, len(scored), reason, candidates))
 
     def explain(self, tv) -> list[str]:

@@ -91,10 +91,18 @@ def axis_factors(expr, rule) -> list:
         for k, factors in pairs:
             if factors:
                 out.append(AxisFactors(
-                    tv, role, i, k, tuple(factors), tuple(rule.factors[f].extent for f in factors),
-                    tv.logical[k].is_reduction(), " ".join(rule.factors[f].name for f in factors)))
+                    tv, role, i, k, tuple(factors), tuple([rule.factors[f].extent for f in factors]),
+                    tv.logical[k].is_reduction(), " ".join([rule.factors[f].name for f in factors])))
     rule.cache["axis_factors"] = out
     return out
+
+
+def _any_in(factors, found: dict) -> bool:
+    """Whether any of the factors is in `found`."""
+    for f in factors:
+        if f in found:
+            return True
+    return False
 
 
 def split_axis(digits, factors, rule, mesh_sizes: dict):
@@ -169,7 +177,7 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
         sizes = state.mesh.axis_sizes()
         scattered = set(state.pending(tv))
         for k, factors in result_axes(expr, i, rule):
-            if not factors or any(f in out for f in factors):
+            if not factors or _any_in(factors, out):
                 continue
             digits = state.layouts[k]
             if not tv.logical[k].is_reduction():
@@ -214,7 +222,11 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
 
 
 def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan:
-    mesh = next((s.mesh for s in result_states if s is not None and s.mesh is not None), None)
+    mesh = None
+    for s in result_states:
+        if s is not None and s.mesh is not None:
+            mesh = s.mesh
+            break
     operands = [TvState(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule))
                 for i, tv in enumerate(expr.tv_inputs)]
     results = [TvState(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule))
@@ -226,8 +238,9 @@ def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
     """Factor layouts other than the results': as the operands on the
     results' mesh already are (first operand first)."""
     # a pending sum the user annotated says how to compute: it stays
-    if any(annotated_sum(tv) for tv in expr.tv_outputs):
-        return []
+    for tv in expr.tv_outputs:
+        if annotated_sum(tv):
+            return []
     out = []
     from_operands: dict = {}
     for i, (tv, state) in enumerate(zip(expr.tv_inputs, operand_states)):
@@ -270,8 +283,10 @@ def _has_reduction(tv) -> bool:
 
 
 def _same_factors(a: dict, b: dict) -> bool:
-    keys = set(a) | set(b)
-    return all(layout.same(a.get(f, ()), b.get(f, ())) for f in keys)
+    for f in set(a) | set(b):
+        if not layout.same(a.get(f, ()), b.get(f, ())):
+            return False
+    return True
 
 
 def _realizable(expr, plan: ComputePlan) -> bool:

@@ -174,7 +174,7 @@ class Propagated:
         self.direction = self.expr = self.factor = None
         if first is not None:
             self.direction, self.expr, self.factor = first.direction, first.expr, first.factor
-        self.tensors = tuple(s.source for s in choice.sources if s.source is not None)
+        self.tensors = tuple([s.source for s in choice.sources if s.source is not None])
 
     @classmethod
     def through(cls, via: tuple, tensors: list) -> "Propagated":

@@ -110,7 +110,7 @@ def _plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Ste
     # Expanded broadcast axes hold one value per position: re-lay them out locally.
     relaid = [dst.layouts[k] if tv.logical[k].is_broadcast() and not tv.logical[k].is_reduction() else d
               for k, d in enumerate(cur.layouts)]
-    if any(not layout.same(a, b) for a, b in zip(relaid, cur.layouts)):
+    if not _all_same(relaid, cur.layouts):
         after = TvState(mesh, relaid)
         steps.append(Step("slice", None, None, None, cur, after, 0.0))
         cur = after
@@ -178,6 +178,14 @@ def _without_pending(lay, reduction: list, m, sizes: dict) -> list:
     return out
 
 
+def _all_same(a: list, b: list) -> bool:
+    """Whether the layouts are the same, axis by axis."""
+    for x, y in zip(a, b):
+        if not layout.same(x, y):
+            return False
+    return True
+
+
 def _moves(state: TvState, dst: TvState, sizes: dict, iteration: list, reduction: list, keep_pending: set):
     """The single steps from `state`: (kind, mesh axis, from axis, to axis, layouts after)."""
     lay = state.layouts
@@ -228,7 +236,7 @@ def _cross_mesh(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int
     shape and the shards line up, otherwise replicate on the source mesh,
     broadcast from its first device, and slice on the destination."""
     same_shape = src.mesh.shape == dst.mesh.shape
-    if same_shape and not src.pending(tv) and all(layout.same(a, b) for a, b in zip(src.layouts, dst.layouts)):
+    if same_shape and not src.pending(tv) and _all_same(src.layouts, dst.layouts):
         numel = model.local_numel(tv, src)
         # copies: cached steps must not share states a pass may still change
         return [Step("send_recv", None, None, None, TvState(src.mesh, list(src.layouts)),
