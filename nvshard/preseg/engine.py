@@ -57,7 +57,7 @@ from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Propos
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
 _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
-_PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
+_PASS_THROUGH, _CONTRACTION, _RESHAPE, _ANNOTATION = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE, Stage.ANNOTATION
 _crossing, _between = Stage.crossing, Direction.between
 
 
@@ -119,13 +119,13 @@ class Engine:
                     if id_.is_reduction() and not digits:
                         decided.append(None)  # pending sums stay open
                     else:
-                        decided.append(Decision(digits, prio, Stage.ANNOTATION, source))
+                        decided.append(Decision(digits, prio, _ANNOTATION, source))
                 self.decided[tv] = decided
                 self.mesh[tv] = tv.mesh
                 self.frozen.add(tv)
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                self.decided[tv] = [Decision((), 0, Stage.ANNOTATION, UnannotatedInput()) for _ in range(n)]
+                self.decided[tv] = [Decision((), 0, _ANNOTATION, UnannotatedInput()) for _ in range(n)]
                 self.mesh[tv] = None
                 self.frozen.add(tv)
             else:
@@ -645,7 +645,7 @@ class Engine:
         for tv in self.p.state:
             for k, d in enumerate(self.decided[tv]):
                 if d is None:
-                    self.decided[tv][k] = Decision((), self.level, Stage.ANNOTATION, Unreached())
+                    self.decided[tv][k] = Decision((), self.level, _ANNOTATION, Unreached())
         self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]

@@ -23,6 +23,9 @@ from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .program import TvState
 
+# (read in inner loops: an Enum class's attribute read is slow on Python 3.11)
+_REPLICATED = FactorKind.REPLICATED
+
 
 class Role(enum.Enum):
     OPERAND = "operand"
@@ -130,7 +133,7 @@ def project(pairs: list, layouts: list, rule, mesh_sizes: dict, skip_replicated:
         if not factors or not digits:
             continue
         for f, d in zip(factors, split_axis(digits, factors, rule, mesh_sizes) or ()):
-            if d and not (skip_replicated and rule.factors[f].kind is FactorKind.REPLICATED):
+            if d and not (skip_replicated and rule.factors[f].kind is _REPLICATED):
                 out[f] = d
     return out
 
@@ -188,7 +191,7 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
             if per is None:
                 per = [() for _ in factors]
             for f, d in zip(factors, per):
-                out[f] = () if rule.factors[f].kind is FactorKind.REPLICATED else d
+                out[f] = () if rule.factors[f].kind is _REPLICATED else d
     return out
 
 
