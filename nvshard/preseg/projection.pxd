@@ -1,4 +1,7 @@
-# Compiled types for projection.py: axis factors, and typed states where states are compared.
+# Compiled types for projection.py: axis factors, and typed states where states
+# are compared, projected and planned (every cost and every decomposition plans).
+
+import cython
 
 cdef class AxisFactors:
     cdef public object tv, role, position, axis, factors, extents, reduction, names, compound
@@ -9,3 +12,35 @@ cpdef bint same_state(TvState a, TvState b) except -1
 cpdef TvState resolved(tv, TvState state)
 cpdef str rule_text(rule)
 cpdef bint annotated_sum(tv) except -1
+
+cpdef list operand_axes(expr, i, rule)
+
+cpdef list result_axes(expr, i, rule)
+
+cpdef split_axis(digits, factors, rule, dict mesh_sizes)
+
+@cython.locals(out=dict)
+cpdef dict project(list pairs, list layouts, rule, dict mesh_sizes, bint skip_replicated=*)
+
+@cython.locals(layouts=list)
+cpdef list unproject(list pairs, n_axes, dict factor_layouts, rule)
+
+@cython.locals(state=TvState, out=dict, sizes=dict, scattered=set)
+cpdef dict factor_layouts(expr, list result_states, rule)
+
+cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*)
+
+@cython.locals(s=TvState, operands=list, results=list)
+cpdef _compute_plan(expr, dict factors, list result_states, rule)
+
+@cython.locals(state=TvState, out=list, from_operands=dict)
+cpdef list _alternatives(expr, base, list operand_states, rule)
+
+@cython.locals(state=TvState, seen=dict, bucket=set, axes=tuple)
+cpdef bint _realizable(expr, plan) except -1
+
+@cython.locals(actual=TvState, required=TvState, produced=TvState, state=TvState, src=TvState)
+cpdef bint _moves_nothing(expr, plan, list result_states, list operand_states) except -1
+
+@cython.locals(actual=TvState, required=TvState, produced=TvState, state=TvState, src=TvState, total=double)
+cpdef double _plan_cost(expr, plan, list result_states, list operand_states, price) except? -1.0
