@@ -55,32 +55,7 @@ class Plan:
         self.propagated = dict(self.program.state)
 
     def check_divisibility(self) -> None:
-        checked = set()
-        # Propagation hands one layout object from tensor to tensor: the same
-        # objects (alive in the states throughout) are checked once, by identity.
-        seen = set()
-        for tv, state in self.propagated.items():
-            if state.mesh is None:
-                continue
-            sizes = state.mesh.axis_sizes()
-            for k, digits in enumerate(state.layouts):
-                if not digits or tv.logical[k].is_reduction():
-                    continue
-                id_ = tv.logical[k]
-                size = id_.expanded or id_.extent()
-                same_objects = (id(digits), id(size), id(state.mesh))
-                if same_objects in seen:
-                    continue
-                seen.add(same_objects)
-                key = (layout.key(digits), size.key(), state.mesh)
-                if key in checked:
-                    continue
-                extent = self.sizes.global_extent(tv, tv.non_reduction_axes().index(k))
-                try:
-                    layout.segments(digits, extent, sizes, self.sizes.bindings)
-                except (layout.ShardingError, ValueError):
-                    raise indivisible(tv, k, digits, extent, state.mesh) from None
-                checked.add(key)
+        _check_divisibility(self.propagated, self.sizes)
 
     def record_communications(self) -> None:
         received: dict = {}
@@ -180,3 +155,32 @@ class Plan:
                 f"launch with mpirun -np {max(devs) + 1}, or run the ranks in one process with nvshard.simulate"
             )
 
+
+def _check_divisibility(propagated: dict, sizes) -> None:
+    """Every propagated layout divides its axis (concrete sizes)."""
+    checked = set()
+    # Propagation hands one layout object from tensor to tensor: the same
+    # objects (alive in the states throughout) are checked once, by identity.
+    seen = set()
+    for tv, state in propagated.items():
+        if state.mesh is None:
+            continue
+        mesh_sizes = state.mesh.axis_sizes()
+        for k, digits in enumerate(state.layouts):
+            id_ = tv.logical[k]
+            if not digits or id_.is_reduction():
+                continue
+            size = id_.expanded or id_.extent()
+            same_objects = (id(digits), id(size), id(state.mesh))
+            if same_objects in seen:
+                continue
+            seen.add(same_objects)
+            key = (layout.key(digits), size.key(), state.mesh)
+            if key in checked:
+                continue
+            extent = sizes.global_extent(tv, tv.non_reduction_axes().index(k))
+            try:
+                layout.segments(digits, extent, mesh_sizes, sizes.bindings)
+            except (layout.ShardingError, ValueError):
+                raise indivisible(tv, k, digits, extent, state.mesh) from None
+            checked.add(key)
