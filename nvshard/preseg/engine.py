@@ -57,7 +57,8 @@ from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Propos
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
 _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
-_PASS_THROUGH, _CONTRACTION, _RESHAPE, _ANNOTATION = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE, Stage.ANNOTATION
+_PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
+_ANNOTATION = Stage.ANNOTATION
 _crossing, _between = Stage.crossing, Direction.between
 
 
