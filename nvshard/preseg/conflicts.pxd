@@ -19,7 +19,7 @@ cdef class ConflictResolver:
     @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
     cpdef tuple weigh_partial_sum(self, tv, Choice pending)
 
-    @cython.locals(m=Choice, o=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
+    @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
     cpdef tuple _candidates(self, tv)
 
     @cython.locals(around=list, tensors=list)
@@ -32,7 +32,7 @@ cdef class ConflictResolver:
     @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list)
     cpdef tuple _neighbourhood(self, tv)
 
-    @cython.locals(engine=Engine, d=Decision, around=list, others=dict, ends=list)
+    @cython.locals(engine=Engine, d=Decision, around=list, others=dict)
     cpdef list _around(self, tv)
 
     @cython.locals(engine=Engine, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict)
