@@ -8,3 +8,24 @@ cdef class IterDomain:
     cpdef bint is_broadcast(self) except -1
     cpdef bint is_device_dim(self) except -1
     cpdef extent(self)
+
+
+# Tensors and exprs are read everywhere a plan is made: as extension types, a
+# pass that types them reads their fields as struct fields.
+cdef class Val:
+    cdef public object fusion, definition, uses
+
+
+cdef class Scalar(Val):
+    cdef public object _dtype, value, name, extent_size
+
+
+cdef class TensorView(Val):
+    cdef public object number, _dtype, logical, loop, _non_reduction, mesh, sharding_priority, allocation
+    cdef public object contiguity, stride_order, is_cpu, memory_type, printed_memory
+
+
+cdef class Expr:
+    cdef public object op, inputs, outputs, attrs, _rule, _sized_rules
+    cdef public list tv_inputs, tv_outputs
+    cdef public object broadcast_axes, origin

@@ -216,7 +216,8 @@ class Scalar(Val):
             return str(self.value)
         return self.name or "s?"
 
-    __repr__ = __str__
+    def __repr__(self) -> str:
+        return self.__str__()  # (compiled, `__repr__ = __str__` did not take on this subclass)
 
 
 class TensorView(Val):
@@ -470,7 +471,8 @@ class TensorView(Val):
             text += f" ({self.mesh})"
         return text
 
-    __repr__ = __str__
+    def __repr__(self) -> str:
+        return self.__str__()  # (compiled, `__repr__ = __str__` did not take on this subclass)
 
 
 class _Domain:

@@ -3,6 +3,7 @@
 
 import cython
 
+from nvshard.ir.nodes cimport Expr
 from nvshard.preseg.projection cimport AxisFactors
 
 
@@ -20,7 +21,7 @@ cdef class PassThroughClasses:
     cdef public object _parent
 
     @cython.locals(slots=list, links=dict, axes=tuple, a=AxisFactors, link=Link, positions=list, members=list)
-    cpdef _link_expr(self, expr, rule, frozen, home)
+    cpdef _link_expr(self, Expr expr, rule, frozen, home)
 
 
 @cython.locals(i=Py_ssize_t)

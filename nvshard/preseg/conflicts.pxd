@@ -4,6 +4,7 @@
 
 import cython
 
+from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.engine cimport Engine
 from nvshard.preseg.proposals cimport Choice, Decision
 
@@ -26,20 +27,21 @@ cdef class ConflictResolver:
     cpdef list _costs(self, tv, list candidates)
 
     @cython.locals(engine=Engine, d=Decision, m=Choice, parts=list, seen=set, others=dict, shared=dict,
-                   place=dict, c=list)
+                   place=dict, c=list, e=Expr, o=TensorView)
     cpdef tuple _question(self, tv, list candidates, list around)
 
-    @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list)
+    @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr)
     cpdef tuple _neighbourhood(self, tv)
 
-    @cython.locals(engine=Engine, d=Decision, around=list, others=dict)
+    @cython.locals(engine=Engine, d=Decision, around=list, others=dict, e=Expr)
     cpdef list _around(self, tv)
 
-    @cython.locals(engine=Engine, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict)
+    @cython.locals(engine=Engine, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict, e=Expr,
+                   o=TensorView)
     cpdef _cost(self, tv, list chosen, list around)
 
-    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, decided=list, whole=bint)
-    cpdef tuple _sharing(self, expr, operand)
+    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, decided=list, whole=bint, other=Expr)
+    cpdef tuple _sharing(self, Expr expr, operand)
 
     @cython.locals(m=Choice, c=Choice, opts=list, unique=dict, fits=bint)
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)

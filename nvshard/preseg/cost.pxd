@@ -3,11 +3,11 @@
 
 import cython
 
-from nvshard.ir.nodes cimport IterDomain
+from nvshard.ir.nodes cimport IterDomain, TensorView
 
 
 @cython.locals(id_=IterDomain, axes=list, known=tuple)
-cpdef tuple _signature(tv, sizes, dict axes_seen)
+cpdef tuple _signature(TensorView tv, sizes, dict axes_seen)
 
 cpdef _axis_size(IterDomain id_)
 

@@ -2,6 +2,7 @@
 
 import cython
 
+from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport TvState
 from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
 
@@ -11,14 +12,14 @@ cdef class _Rewrite:
     cdef public list exprs
     cdef public dict resharded, plans, layout_keys, tensor_kinds, numbers
 
-    @cython.locals(produced=TvState, final=TvState)
+    @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
     cpdef run(self)
 
     @cython.locals(state=TvState)
     cpdef _reshard(self, tv, TvState target)
 
-    @cython.locals(s=TvState, first=dict)
-    cpdef _compute_plan(self, expr, list results, list operands)
+    @cython.locals(s=TvState, first=dict, tensors=list)
+    cpdef _compute_plan(self, Expr expr, list results, list operands)
 
     @cython.locals(keys=list, known=tuple)
     cpdef tuple _state_key(self, TvState state)

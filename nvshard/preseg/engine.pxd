@@ -4,6 +4,8 @@
 
 import cython
 
+from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.multidevice.mesh cimport DeviceMesh
 from nvshard.preseg.classes cimport Link
 from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors
@@ -76,6 +78,7 @@ cdef class Engine:
     @cython.locals(m=Choice)
     cpdef tuple _conflict_order(self, tv)
 
+    @cython.locals(mesh=DeviceMesh)
     cpdef bint _closed(self, tv) except -1
 
     cpdef tuple _layout_facts(self, digits)
@@ -95,8 +98,11 @@ cdef class Engine:
     @cython.locals(axes=dict, exprs=dict)
     cpdef _after_change(self, changed)
 
-    @cython.locals(d=Decision)
+    @cython.locals(d=Decision, tv=TensorView)
     cpdef _finish(self)
+
+    @cython.locals(tv=TensorView, decided=list)
+    cpdef _seed(self)
 
     @cython.locals(d=Decision, m=Choice, arriving=list)
     cpdef list _offer(self, tv, dict per_axis)
@@ -107,5 +113,14 @@ cpdef bint _competes(Choice m, list choices) except -1
 
 cpdef bint _offered_in(Choice m, list proposals) except -1
 
-@cython.locals(d=Py_ssize_t, k=Py_ssize_t, i=Py_ssize_t, depth=dict, canon=dict, names=list)
+@cython.locals(d=Py_ssize_t, k=Py_ssize_t, i=Py_ssize_t, depth=dict, canon=dict, names=list, e=Expr, t=TensorView,
+               o=TensorView)
 cpdef tuple _structure(program)
+
+cpdef object _number(TensorView tv)
+
+@cython.locals(adjacent=dict, e=Expr, o=TensorView, t=TensorView)
+cpdef dict _adjacency(program)
+
+@cython.locals(home=dict, e=Expr, o=TensorView)
+cpdef dict _stage_meshes(program)

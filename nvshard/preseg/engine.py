@@ -230,8 +230,7 @@ class Engine:
         mesh = self.mesh[tv]
         if mesh is None:
             return False
-        used = self.used(tv, reduction=False)
-        return set(mesh.axis_names) <= used
+        return mesh.axis_sizes().keys() <= self.used(tv, reduction=False)
 
     def used(self, tv, reduction: bool) -> set:
         """Mesh axes tv's decided iteration (or reduction) axes use; cached

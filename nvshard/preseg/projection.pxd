@@ -3,8 +3,11 @@
 
 import cython
 
+from nvshard.ir.nodes cimport TensorView
+
 cdef class AxisFactors:
-    cdef public object tv, role, position, axis, factors, extents, reduction, names, compound
+    cdef public TensorView tv
+    cdef public object role, position, axis, factors, extents, reduction, names, compound
 
 from nvshard.preseg.program cimport TvState
 
