@@ -3,12 +3,13 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
-from nvshard.preseg.program cimport TvState
+from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
 
 
 cdef class _Rewrite:
-    cdef public object program, numel, weigh_alternatives
+    cdef public Program program
+    cdef public object numel, weigh_alternatives
     cdef public list exprs
     cdef public dict resharded, plans, layout_keys, tensor_kinds, numbers
 

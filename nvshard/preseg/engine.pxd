@@ -9,11 +9,13 @@ from nvshard.multidevice.mesh cimport DeviceMesh
 from nvshard.preseg.classes cimport Link
 from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors
+from nvshard.preseg.program cimport Program
 from nvshard.preseg.proposals cimport Choice, Decision, Opinion, Proposal
 
 
 cdef class Engine:
-    cdef public object p, cost
+    cdef public Program p
+    cdef public object cost
     cdef public DecisionLog log
     cdef public dict decided, mesh
     cdef public set frozen

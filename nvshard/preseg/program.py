@@ -89,6 +89,7 @@ class Program:
         self._rules: dict = {}
         self.producer: dict[TensorView, Expr] = {}
         self.consumers: dict[TensorView, list[Expr]] = {}
+        self._positions = None  # expr -> its index in the definition, made when first asked for
         self.index()
 
     # -- graph queries -----------------------------------------------------------
@@ -142,7 +143,7 @@ class Program:
 
     def position(self, expr: Expr) -> int:
         """Index of a user expr in the definition (stable across passes)."""
-        if not hasattr(self, "_positions"):
+        if self._positions is None:
             self._positions = {e: i for i, e in enumerate(self.fusion.exprs)}
         return self._positions.get(expr, -1)
 
