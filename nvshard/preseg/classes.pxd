@@ -4,7 +4,8 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr
-from nvshard.preseg.projection cimport AxisFactors
+from nvshard.preseg.program cimport Program
+from nvshard.preseg.projection cimport AxisFactors, axis_factors
 
 
 cdef class Link:
@@ -20,12 +21,18 @@ cdef class PassThroughClasses:
     cdef public set internal
     cdef public object _parent
 
-    @cython.locals(slots=list, links=dict, axes=tuple, a=AxisFactors, link=Link, positions=list, members=list)
-    cpdef _link_expr(self, Expr expr, rule, frozen, home)
+    @cython.locals(e=Expr)
+    cpdef _link_all(self, Program program, set frozen, dict home)
+
+    @cython.locals(slots=list, links=dict, axes=tuple, a=AxisFactors, s=AxisFactors, link=Link, positions=list,
+                   members=list, i=Py_ssize_t)
+    cpdef _link_expr(self, Expr expr, rule, set frozen, dict home)
 
 
-@cython.locals(i=Py_ssize_t)
+@cython.locals(i=Py_ssize_t, s=AxisFactors)
 cpdef bint _one_stage(list members, list slots, dict home, stage) except -1
 
 @cython.locals(a=AxisFactors)
 cpdef bint _one_tensor(tuple axes) except -1
+
+cpdef list _pass_groups(rule, list slots)

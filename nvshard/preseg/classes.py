@@ -61,11 +61,15 @@ class PassThroughClasses:
         self.linked_positions: dict = {}  # expr -> positions in axis_factors(expr) that are linked
         self.internal: set = set()  # exprs whose every axis is linked: they never propose
         self._parent = None  # union-find over the links, built when a class is first asked for
-        for e in program.exprs if program is not None else ():
+        if program is not None:
+            self._link_all(program, frozen, home)
+
+    def _link_all(self, program, frozen: set, home: dict) -> None:
+        for e in program.exprs:
             if e.tv_outputs:
                 self._link_expr(e, program.rule(e), frozen, home)
 
-    def _link_expr(self, expr, rule, frozen, home) -> None:
+    def _link_expr(self, expr, rule, frozen: set, home: dict) -> None:
         slots = axis_factors(expr, rule)
         groups = _pass_groups(rule, slots)
         if not groups:
@@ -73,10 +77,15 @@ class PassThroughClasses:
         positions = []
         links = self.links
         for group in groups:
-            members = [i for i in group if slots[i].tv not in frozen]
+            members = []
+            for i in group:
+                s = slots[i]
+                if s.tv not in frozen:
+                    members.append(i)
             if len(members) < 2:
                 continue
-            stage = home.get(slots[members[0]].tv)
+            s = slots[members[0]]
+            stage = home.get(s.tv)
             if _one_stage(members, slots, home, stage):
                 parts = [members]
             else:  # a stage cut: each stage's axes link among themselves
@@ -138,7 +147,8 @@ class PassThroughClasses:
 def _one_stage(members: list, slots: list, home: dict, stage) -> bool:
     """Whether every member axis's tensor is in `stage`."""
     for i in members:
-        if home.get(slots[i].tv) != stage:
+        s = slots[i]
+        if home.get(s.tv) != stage:
             return False
     return True
 
@@ -159,9 +169,17 @@ def _pass_groups(rule, slots) -> list:
     groups = rule.cache.get("pass_groups")
     if groups is None:
         by_factor: dict = {}
-        if not any(f.kind is FactorKind.SUM for f in rule.factors):
+        if not _contracts(rule):
             for i, s in enumerate(slots):
                 if not s.compound and not s.reduction and rule.factors[s.factors[0]].kind is FactorKind.PASS:
                     by_factor.setdefault(s.factors[0], []).append(i)
         groups = rule.cache["pass_groups"] = [g for g in by_factor.values() if len(g) > 1]
     return groups
+
+
+def _contracts(rule) -> bool:
+    """Whether the rule has a contraction (sum) factor."""
+    for f in rule.factors:
+        if f.kind is FactorKind.SUM:
+            return True
+    return False

@@ -18,6 +18,8 @@ cpdef bint annotated_sum(tv) except -1
 
 cpdef list operand_axes(expr, i, rule)
 
+cpdef list axis_factors(expr, rule)
+
 cpdef list result_axes(expr, i, rule)
 
 cpdef split_axis(digits, factors, rule, dict mesh_sizes)
