@@ -5,6 +5,7 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.preseg.cost cimport remembered_key
 from nvshard.preseg.engine cimport Engine
 from nvshard.preseg.proposals cimport Choice, Decision
 
@@ -47,6 +48,6 @@ cdef class ConflictResolver:
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)
 
 
-cpdef tuple _facts(Choice m, key)
+cpdef tuple _facts(Choice m, dict keys)
 
 cpdef bint _any_none(values) except -1

@@ -12,3 +12,6 @@ cpdef tuple _signature(TensorView tv, sizes, dict axes_seen)
 cpdef _axis_size(IterDomain id_)
 
 cpdef _size_value(sizes, size)
+
+@cython.locals(entry=tuple)
+cpdef tuple remembered_key(dict known, digits)

@@ -77,7 +77,7 @@ class Cost:
 
 class CostModel:
     __slots__ = (
-        "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "_digit_keys", "_expr_questions",
+        "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "layout_keys", "_expr_questions",
         "_weights"
     )
 
@@ -88,7 +88,7 @@ class CostModel:
         self.numel = _RememberingNumel(sizes)
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
-        self._digit_keys: dict = {}  # id(layout) -> (layout, layout.key)
+        self.layout_keys: dict = {}  # id(layout) -> (layout, layout.key): see remembered_key
         self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
         self._weights = {
             v for v in program.inputs
@@ -109,16 +109,8 @@ class CostModel:
 
     def layout_key(self, digits) -> tuple:
         """layout.key(digits), remembered per layout object (the same decided
-        layouts are asked about over and over; the entry keeps the object
-        alive, so its id is not reused)."""
-        if not digits:
-            return ()
-        known = self._digit_keys.get(id(digits))
-        if known is not None:
-            return known[1]
-        key = layout.key(digits)
-        self._digit_keys[id(digits)] = (digits, key)
-        return key
+        layouts are asked about over and over)."""
+        return remembered_key(self.layout_keys, digits)
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
@@ -166,15 +158,15 @@ class CostModel:
             fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
         tensors, first, head, sigs = fixed
         parts = list(head)
-        key = self.layout_key
+        keys = self.layout_keys
         for t, sig in zip(tensors, sigs):
             state = states[t]
-            # key(()) is (); an open axis (None) stays None
-            parts.append((sig, state.mesh, tuple([key(d) if d else d for d in state.layouts])))
+            # the key of () is (); an open axis (None) stays None
+            parts.append((sig, state.mesh, tuple([remembered_key(keys, d) if d else d for d in state.layouts])))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
-                    parts.append((first[o], k, tuple([key(x) for x in options.get((o, k), [()])])))
+                    parts.append((first[o], k, tuple([remembered_key(keys, x) for x in options.get((o, k), [()])])))
         if shared:
             for t in expr.tv_inputs:
                 if t in shared:
@@ -226,6 +218,19 @@ class CostModel:
         for tv, produced in zip(expr.tv_outputs, compute.results):
             total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
         return total
+
+
+def remembered_key(known: dict, digits) -> tuple:
+    """layout.key(digits), kept in `known` by the layout object's id (the
+    entry keeps the object alive, so its id is not reused)."""
+    if not digits:
+        return ()
+    entry = known.get(id(digits))
+    if entry is not None:
+        return entry[1]
+    key = layout.key(digits)
+    known[id(digits)] = (digits, key)
+    return key
 
 
 def _extent(sizes, tv: TensorView, k: int) -> float:
