@@ -5,6 +5,7 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.multidevice cimport layout
 from nvshard.preseg.cost cimport remembered_key
 from nvshard.preseg.engine cimport Engine
 from nvshard.preseg.proposals cimport Choice, Decision

@@ -4,6 +4,7 @@
 import cython
 
 from nvshard.ir.nodes cimport IterDomain, TensorView
+from nvshard.multidevice cimport layout
 
 
 @cython.locals(id_=IterDomain, axes=list, known=tuple)

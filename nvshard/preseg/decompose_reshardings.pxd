@@ -3,6 +3,7 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
 

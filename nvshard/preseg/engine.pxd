@@ -5,6 +5,7 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.multidevice cimport layout
 from nvshard.multidevice.mesh cimport DeviceMesh
 from nvshard.preseg.classes cimport Link
 from nvshard.preseg.log cimport DecisionLog

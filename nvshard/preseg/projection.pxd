@@ -4,6 +4,7 @@
 import cython
 
 from nvshard.ir.nodes cimport TensorView
+from nvshard.multidevice cimport layout
 
 cdef class AxisFactors:
     cdef public TensorView tv

@@ -2,6 +2,8 @@ cimport cython
 # Compiled field layouts for the engine's records (proposals.py stays the
 # reference): typed reads of these fields are struct reads.
 
+from nvshard.multidevice cimport layout
+
 @cython.freelist(256)
 cdef class Proposal:
     cdef public object tv, axis, digits, mesh, priority, stage, expr, factor, source, direction, reduction

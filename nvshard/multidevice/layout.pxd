@@ -1,0 +1,14 @@
+# The layout algebra every pass runs per proposal, choice and reshard plan: a
+# module whose .pxd cimports this one calls these as C functions.
+
+cpdef tuple normalize(digits)
+
+cpdef tuple mesh_axes_of(digits)
+
+cpdef tuple key(digits)
+
+cpdef tuple keep_outer(digits, banned, mesh_sizes)
+
+cpdef bint same(a, b) except -1
+
+cpdef tuple without(digits, mesh_axis, mesh_sizes)
