@@ -50,7 +50,7 @@ from .cost import CostModel
 from .log import DecisionLog
 from .program import Program, TvState
 from .projection import Role, axis_factors, split_axis
-from .proposals import (Annotation, Choice, Decision, Direction, Opinion, Proposal, Propagated, Stage,
+from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Direction, Opinion, Proposal, Propagated, Stage,
                         UnannotatedInput, Unreached, compete)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
@@ -539,7 +539,7 @@ class Engine:
         else:
             axes.add(axis)
         self._used_cache.pop((tv, self._reduction_axes[tv][axis]), None)
-        self.log.decide(tv, axis, digits, decision.source, decision.priority, decision.stage.describe(), reason)
+        self.log.decide(tv, axis, digits, decision.source, decision.priority, STAGE_TEXT[decision.stage], reason)
         if tv in self._classes or tv in self.by_target:
             self._invalidate(tv)
 

@@ -37,8 +37,11 @@ class Stage(enum.IntEnum):
         return _PASS_THROUGH
 
     def describe(self) -> str:
-        return self._name_.lower().replace("_", "-")  # (Enum.name runs as Python code)
+        return STAGE_TEXT[self]
 
+
+# What the log calls each stage (every decision names its stage: made once).
+STAGE_TEXT = {stage: stage._name_.lower().replace("_", "-") for stage in Stage}
 
 class Direction(enum.Enum):
     FORWARD = "forward"
