@@ -24,3 +24,9 @@ cpdef bint compete(Choice a, Choice b) except -1
 @cython.freelist(256)
 cdef class Opinion:
     cdef public object digits, tv, priority, role, mesh, compound, linked
+
+
+# One per propagated decision, kept by the plan's log.
+@cython.freelist(256)
+cdef class Propagated:
+    cdef public object direction, expr, factor, tensors
