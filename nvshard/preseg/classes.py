@@ -42,7 +42,7 @@ class Link:
     def ends(self, tv):
         """(other axis, direction) pairs, for a decision on one of tv's axes.
         A tensor has one role in an expr (an expr never reads its own
-        result); Direction.between, unrolled: the spread asks for every link."""
+        result); direction_between, unrolled: the spread asks for every link."""
         role = None
         for m in self.members:
             if m.tv is tv:

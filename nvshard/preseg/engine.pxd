@@ -11,7 +11,7 @@ from nvshard.preseg.classes cimport Link
 from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors
 from nvshard.preseg.program cimport Program
-from nvshard.preseg.proposals cimport Choice, Decision, Opinion, Proposal
+from nvshard.preseg.proposals cimport Choice, Decision, Opinion, Proposal, crossing_stage, direction_between
 
 
 cdef class Engine:

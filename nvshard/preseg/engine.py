@@ -50,8 +50,8 @@ from .cost import CostModel
 from .log import DecisionLog
 from .program import Program, TvState
 from .projection import Role, axis_factors, split_axis
-from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Direction, Opinion, Proposal, Propagated, Stage,
-                        UnannotatedInput, Unreached, compete)
+from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Opinion, Proposal, Propagated, Stage,
+                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
@@ -59,7 +59,6 @@ _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
 _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
 _ANNOTATION = Stage.ANNOTATION
-_crossing, _between = Stage.crossing, Direction.between
 
 
 class Engine:
@@ -340,14 +339,14 @@ class Engine:
             if not ops:
                 return
             # one factor: one proposal per opinion
-            stage = _crossing(kind, False)
+            stage = crossing_stage(kind, False)
             if waiting:
                 stage = max(stage, _CONTRACTION)
             for c in ops:
                 mesh_axes, key = self._layout_facts(c.digits)
                 proposals.append(Proposal(
                     s.tv, s.axis, c.digits, c.mesh, c.priority, _RESHAPE if c.compound else stage, expr,
-                    s.names, c.tv, _between(c.role, s.role), s.reduction, mesh_axes, key))
+                    s.names, c.tv, direction_between(c.role, s.role), s.reduction, mesh_axes, key))
             return
         self._compound_proposals(s, expr, kinds, opinions, is_pending, slots, proposals)
 
@@ -376,7 +375,7 @@ class Engine:
             proposals.append(Proposal(
                 s.tv, s.axis, digits, meshes[0] if meshes else None,
                 max([c.priority for c in real]), _RESHAPE, expr, s.names, first.tv,
-                _between(first.role, s.role), s.reduction,
+                direction_between(first.role, s.role), s.reduction,
             ))
 
     def _layout_facts(self, digits) -> tuple:

@@ -30,3 +30,8 @@ cdef class Opinion:
 @cython.freelist(256)
 cdef class Propagated:
     cdef public object direction, expr, factor, tensors
+
+
+cpdef crossing_stage(kind, bint compound)
+
+cpdef direction_between(src_role, dst_role)

@@ -26,16 +26,6 @@ class Stage(enum.IntEnum):
     CONTRACTION = 2
     RESHAPE = 3
 
-    @staticmethod
-    def crossing(kind: FactorKind, compound: bool) -> "Stage":
-        """Pass-through factors first, then contractions (pending sums), then
-        factors a reshape splits or merges."""
-        if compound:
-            return _RESHAPE
-        if kind is _SUM:
-            return _CONTRACTION
-        return _PASS_THROUGH
-
     def describe(self) -> str:
         return STAGE_TEXT[self]
 
@@ -43,20 +33,11 @@ class Stage(enum.IntEnum):
 # What the log calls each stage (every decision names its stage: made once).
 STAGE_TEXT = {stage: stage._name_.lower().replace("_", "-") for stage in Stage}
 
+
 class Direction(enum.Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     SIDEWAYS = "sideways"
-
-    @staticmethod
-    def between(src_role, dst_role) -> "Direction":
-        """From an operand to a result is forward, back is backward; between
-        two operands (or two results) sideways."""
-        if src_role is _OPERAND and dst_role is _RESULT:
-            return _FORWARD
-        if src_role is _RESULT and dst_role is _OPERAND:
-            return _BACKWARD
-        return _SIDEWAYS
 
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
@@ -65,6 +46,27 @@ _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, S
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
 _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM = FactorKind.SUM
+
+
+def crossing_stage(kind: FactorKind, compound: bool) -> Stage:
+    """The stage a proposal crossing a factor of `kind` applies in:
+    pass-through factors first, then contractions (pending sums), then
+    factors a reshape splits or merges (compound)."""
+    if compound:
+        return _RESHAPE
+    if kind is _SUM:
+        return _CONTRACTION
+    return _PASS_THROUGH
+
+
+def direction_between(src_role, dst_role) -> Direction:
+    """From an operand to a result is forward, back is backward; between
+    two operands (or two results) sideways."""
+    if src_role is _OPERAND and dst_role is _RESULT:
+        return _FORWARD
+    if src_role is _RESULT and dst_role is _OPERAND:
+        return _BACKWARD
+    return _SIDEWAYS
 
 
 @dataclass(eq=False)
