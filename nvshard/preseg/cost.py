@@ -88,7 +88,9 @@ class CostModel:
         self.numel = _RememberingNumel(sizes)
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
-        self.layout_keys: dict = {}  # id(layout) -> (layout, layout.key): see remembered_key
+        # id(layout) -> (layout, layout.key): the same decided layouts are asked
+        # about over and over (remembered_key)
+        self.layout_keys: dict = {}
         self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
         self._weights = {
             v for v in program.inputs
@@ -106,11 +108,6 @@ class CostModel:
         if sig is None:
             sig = self._signatures[tv] = (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
         return sig
-
-    def layout_key(self, digits) -> tuple:
-        """layout.key(digits), remembered per layout object (the same decided
-        layouts are asked about over and over)."""
-        return remembered_key(self.layout_keys, digits)
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights

@@ -3,9 +3,8 @@
 
 import cython
 
-from nvshard.multidevice cimport layout
-
 from nvshard.ir.nodes cimport IterDomain
+from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport TvState
 
 
