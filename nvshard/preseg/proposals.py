@@ -26,9 +26,6 @@ class Stage(enum.IntEnum):
     CONTRACTION = 2
     RESHAPE = 3
 
-    def describe(self) -> str:
-        return STAGE_TEXT[self]
-
 
 # What the log calls each stage (every decision names its stage: made once).
 STAGE_TEXT = {stage: stage._name_.lower().replace("_", "-") for stage in Stage}
