@@ -6,14 +6,14 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
-from nvshard.preseg.cost cimport remembered_key
+from nvshard.preseg.cost cimport CostModel, remembered_key
 from nvshard.preseg.engine cimport Engine
 from nvshard.preseg.proposals cimport Choice, Decision
 
 
 cdef class ConflictResolver:
     cdef public Engine engine
-    cdef public object cost
+    cdef public CostModel cost
     cdef public dict _answers, _neighbourhoods
 
     @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list)

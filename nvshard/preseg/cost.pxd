@@ -1,10 +1,49 @@
-# Compiled types for cost.py: signatures read typed axes (every tensor of a
-# plan gets one).
+# Compiled types for cost.py: the cost model (every conflict and every partial
+# sum asks it for costs: typed, C calls), and signatures read typed axes
+# (every tensor of a plan gets one).
 
 import cython
 
-from nvshard.ir.nodes cimport IterDomain, TensorView
+from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
+from nvshard.preseg.program cimport Program, TvState
+
+
+@cython.freelist(64)
+cdef class Cost:
+    cdef public object weight, other, symbolic
+    cdef public list steps
+
+    cpdef tuple key(self)
+
+
+cdef class CostModel:
+    cdef public Program program
+    cdef public object sizes, symbolic, numel
+    cdef public dict _answers, _signatures, layout_keys, _expr_questions
+    cdef public set _weights
+
+    cpdef tuple signature(self, TensorView tv)
+
+    cpdef bint is_weight(self, tv) except -1
+
+    cpdef price(self, tv, TvState src, TvState dst)
+
+    cpdef Cost reshard(self, tv, TvState src, TvState dst)
+
+    @cython.locals(tensors=list)
+    cpdef expr_cost(self, Expr expr, dict states, dict options, shared=*)
+
+    @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, parts=list, keys=dict, state=TvState,
+                   t=TensorView, o=TensorView)
+    cpdef tuple _question(self, Expr expr, dict states, dict options, shared)
+
+    @cython.locals(outputs=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost, best=Cost)
+    cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
+
+    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, produced=TvState, src=TvState,
+                   actuals=list, total=Cost, cost=Cost)
+    cpdef _run_cost(self, Expr expr, dict states, dict outs, shared=*)
 
 
 @cython.locals(id_=IterDomain, axes=list, known=tuple)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from ..ir.nodes import TensorView
@@ -26,12 +26,22 @@ SYMBOLIC_EXTENT_GUESS = 2048
 MAX_COMPLETIONS = 64
 
 
-@dataclass(slots=True)
+@dataclass(init=False)
 class Cost:
-    weight: float = 0.0
-    other: float = 0.0
-    symbolic: bool = False
-    steps: list = field(default_factory=list)  # (tensor name, Step)
+    __slots__ = ("weight", "other", "symbolic", "steps")
+
+    weight: float
+    other: float
+    symbolic: bool
+    steps: list  # (tensor name, Step)
+
+    def __init__(self, weight=0.0, other=0.0, symbolic=False, steps=None):
+        # (written out: compiled, a generated __init__ with a default factory
+        # costs several times as much; every cost adds up several)
+        self.weight = weight
+        self.other = other
+        self.symbolic = symbolic
+        self.steps = [] if steps is None else steps
 
     @property
     def total(self) -> float:
@@ -150,7 +160,7 @@ class CostModel:
         if fixed is None:  # what does not depend on the states
             tensors = expr.tv_inputs + expr.tv_outputs
             first = {}
-            head = (rule_text(self.program.rule(expr)), tuple(first.setdefault(t, i) for i, t in enumerate(tensors)))
+            head = (rule_text(self.program.rule(expr)), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]))
             sigs = [self.signature(t) for t in tensors]
             fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
         tensors, first, head, sigs = fixed
