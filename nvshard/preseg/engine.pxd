@@ -11,7 +11,8 @@ from nvshard.preseg.classes cimport Link
 from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors
 from nvshard.preseg.program cimport Program
-from nvshard.preseg.proposals cimport Choice, Decision, Opinion, Proposal, crossing_stage, direction_between
+from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, crossing_stage, direction_between,
+                                       propagated_through)
 
 
 cdef class Engine:

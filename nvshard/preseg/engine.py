@@ -51,7 +51,8 @@ from .log import DecisionLog
 from .program import Program, TvState
 from .projection import Role, axis_factors, split_axis
 from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Opinion, Proposal, Propagated, Stage,
-                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between)
+                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between,
+                        propagated_through)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
@@ -579,7 +580,7 @@ class Engine:
                 for axis in sorted(per_axis):
                     offers = per_axis[axis]
                     d, mesh, _, via = offers[0]
-                    source = Propagated.through(via, [o[2] for o in offers])
+                    source = propagated_through(via, [o[2] for o in offers])
                     priority = min([o[0].priority for o in offers])
                     self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))

@@ -32,6 +32,8 @@ cdef class Propagated:
     cdef public object direction, expr, factor, tensors
 
 
+cpdef Propagated propagated_through(tuple via, list tensors)
+
 cpdef crossing_stage(kind, bint compound)
 
 cpdef direction_between(src_role, dst_role)

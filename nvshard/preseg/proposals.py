@@ -178,15 +178,6 @@ class Propagated:
             self.direction, self.expr, self.factor = first.direction, first.expr, first.factor
         self.tensors = tuple([s.source for s in choice.sources if s.source is not None])
 
-    @classmethod
-    def through(cls, via: tuple, tensors: list) -> "Propagated":
-        """Carried (direction, expr, factor names) from `tensors`, with no
-        Choice behind it (a pass-through class's spread)."""
-        self = cls.__new__(cls)
-        self.direction, self.expr, self.factor = via
-        self.tensors = tuple(tensors)
-        return self
-
     def __str__(self) -> str:
         if self.expr is None:
             return "conflict resolution"
@@ -195,6 +186,16 @@ class Propagated:
         if names:
             via += " from " + ", ".join(names)
         return via
+
+
+def propagated_through(via: tuple, tensors: list) -> Propagated:
+    """Carried (direction, expr, factor names) from `tensors`, with no Choice
+    behind it (a pass-through class's spread). (A module function: compiled,
+    the engine calls it directly, not through the class's attributes.)"""
+    source = Propagated.__new__(Propagated)
+    source.direction, source.expr, source.factor = via
+    source.tensors = tuple(tensors)
+    return source
 
 
 Source = Union[Annotation, UnannotatedInput, Unreached, Propagated]
