@@ -8,7 +8,14 @@ from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.cost cimport CostModel, remembered_key
 from nvshard.preseg.engine cimport Engine
-from nvshard.preseg.proposals cimport Choice, Decision
+from nvshard.preseg.proposals cimport Choice, Decision, Proposal, compete
+
+
+cdef class Scored:
+    cdef public list choices
+    cdef public object cost, dropped_priority, forward, signature
+
+    cpdef tuple key(self)
 
 
 cdef class ConflictResolver:
@@ -16,7 +23,7 @@ cdef class ConflictResolver:
     cdef public CostModel cost
     cdef public dict _answers, _neighbourhoods
 
-    @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list)
+    @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list, best=Scored)
     cpdef tuple resolve(self, tv)
 
     @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
@@ -52,3 +59,18 @@ cdef class ConflictResolver:
 cpdef tuple _facts(Choice m, dict keys)
 
 cpdef bint _any_none(values) except -1
+
+@cython.locals(maximal=list, members=list, ids=set)
+cpdef list _maximal(list candidates)
+
+cpdef bint _contained(set ids, list members) except -1
+
+@cython.locals(p=Proposal)
+cpdef bint _forward(Choice m) except -1
+
+@cython.locals(o=Choice)
+cpdef bint _offered(list pool, axis, digits) except -1
+
+cpdef bint _any_compete(list chosen) except -1
+
+cpdef _why(Scored best, runner_up, symbolic)

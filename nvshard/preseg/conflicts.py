@@ -28,9 +28,11 @@ from .proposals import Choice, Direction, compete
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
 
 
-@dataclass(slots=True)
+@dataclass
 class Scored:
     """A conflict candidate and what decides its rank."""
+
+    __slots__ = ("choices", "cost", "dropped_priority", "forward", "signature")
 
     choices: list  # [Choice]
     cost: Cost
@@ -294,12 +296,20 @@ def _any_none(values) -> bool:
 
 def _maximal(candidates: list) -> list:
     """The candidates no other one contains."""
+    members = [{id(m) for m in c} for c in candidates]
     maximal = []
-    for c in candidates:
-        ids = {id(m) for m in c}
-        if not any(ids < {id(m) for m in d} for d in candidates):
+    for c, ids in zip(candidates, members):
+        if not _contained(ids, members):
             maximal.append(c)
     return maximal
+
+
+def _contained(ids: set, members: list) -> bool:
+    """Whether `ids` is a proper subset of one of the `members` sets."""
+    for other in members:
+        if ids < other:
+            return True
+    return False
 
 
 def _forward(m: Choice) -> bool:
