@@ -7,6 +7,7 @@ import cython
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState
+from nvshard.preseg.reshard cimport NumelModel, plan_reshard
 
 
 @cython.freelist(64)
@@ -17,9 +18,17 @@ cdef class Cost:
     cpdef tuple key(self)
 
 
+cdef class _RememberingNumel(NumelModel):
+    cdef public dict _signatures, _axes
+    cdef public object _sizes
+
+    cpdef tuple signature(self, tv)
+
+
 cdef class CostModel:
     cdef public Program program
-    cdef public object sizes, symbolic, numel
+    cdef public object sizes, symbolic
+    cdef public _RememberingNumel numel
     cdef public dict _answers, _signatures, layout_keys, _expr_questions
     cdef public set _weights
 

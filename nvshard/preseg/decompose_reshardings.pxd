@@ -5,12 +5,14 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState
+from nvshard.preseg.reshard cimport NumelModel, plan_reshard
 from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
 
 
 cdef class _Rewrite:
     cdef public Program program
-    cdef public object numel, weigh_alternatives
+    cdef public NumelModel numel
+    cdef public object weigh_alternatives
     cdef public list exprs
     cdef public dict resharded, plans, layout_keys, tensor_kinds, numbers
 
