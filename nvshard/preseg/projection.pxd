@@ -3,7 +3,7 @@
 
 import cython
 
-from nvshard.ir.nodes cimport TensorView
+from nvshard.ir.nodes cimport IterDomain, TensorView
 from nvshard.multidevice cimport layout
 
 cdef class AxisFactors:
@@ -13,7 +13,8 @@ cdef class AxisFactors:
 from nvshard.preseg.program cimport TvState
 
 cpdef bint same_state(TvState a, TvState b) except -1
-cpdef TvState resolved(tv, TvState state)
+@cython.locals(id_=IterDomain, layouts=list)
+cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
 cpdef bint annotated_sum(tv) except -1
 

@@ -151,7 +151,10 @@ def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
 
 def resolved(tv, state: TvState) -> TvState:
     """The state a result has once its partial sums are resolved."""
-    return TvState(state.mesh, [() if id_.is_reduction() else d for id_, d in zip(tv.logical, state.layouts)])
+    layouts = []
+    for id_, d in zip(tv.logical, state.layouts):  # (a loop: compiled, its axes are typed)
+        layouts.append(() if id_.is_reduction() else d)
+    return TvState(state.mesh, layouts)
 
 
 @dataclass(slots=True)
