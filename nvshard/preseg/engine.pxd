@@ -117,9 +117,15 @@ cpdef bint _competes(Choice m, list choices) except -1
 
 cpdef bint _offered_in(Choice m, list proposals) except -1
 
-@cython.locals(d=Py_ssize_t, k=Py_ssize_t, i=Py_ssize_t, depth=dict, canon=dict, names=list, e=Expr, t=TensorView,
-               o=TensorView)
+@cython.locals(d=Py_ssize_t, k=Py_ssize_t, i=Py_ssize_t, h=cython.ulonglong, depth=dict, canon=dict, op_codes=dict,
+               e=Expr, t=TensorView, o=TensorView)
 cpdef tuple _structure(program)
+
+# (C integers: the arithmetic wraps mod 2**64, as the source's masks make it)
+cdef unsigned long long _MASK, _GOLDEN, _MIX1, _MIX2, _INPUT, _UNKNOWN
+
+@cython.locals(z=cython.ulonglong)
+cpdef unsigned long long _mix(unsigned long long h, unsigned long long x)
 
 cpdef object _number(TensorView tv)
 

@@ -37,9 +37,9 @@ a neighbour. Every decision is logged with its source, priority and stage.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
+import zlib
 
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
@@ -220,7 +220,7 @@ class Engine:
 
     def _conflict_order(self, tv):
         _, competing = self.classify(tv)
-        return (min([m.priority for m in competing]), self.depth.get(tv, 0), self.canon.get(tv, ""), tv.number)
+        return (min([m.priority for m in competing]), self.depth.get(tv, 0), self.canon.get(tv, 0), tv.number)
 
     # -- proposals ------------------------------------------------------------------------------
     def _closed(self, tv) -> bool:
@@ -720,26 +720,45 @@ def _stage_meshes(program: Program) -> dict:
 
 def _structure(program: Program):
     """Depth from the inputs and a structural key per tensor: orders conflicts
-    independently of the order ops were defined in."""
+    independently of the order ops were defined in. The key is a 64-bit hash
+    of the op names and positions upstream, mixed with integer arithmetic
+    (no text is formatted; the same on every rank and every run)."""
     depth, canon = {}, {}
     for position, tv in enumerate(program.inputs):
         if isinstance(tv, TensorView):
             depth[tv] = 0
-            canon[tv] = f"in{position}"
-    sha1 = hashlib.sha1
+            canon[tv] = _mix(_INPUT, position)
+    op_codes: dict = {}
     for e in program.exprs:
+        op = e.op
+        code = op_codes.get(op)
+        if code is None:
+            code = op_codes[op] = zlib.crc32(op.name.encode())
+        h = code
         d = 0
-        names = []
         for t in e.tv_inputs:
             k = depth.get(t, 0)
             if k > d:
                 d = k
-            names.append(canon.get(t, "?"))
+            h = _mix(h, canon.get(t, _UNKNOWN))
         d += 1
-        base = f"{e.op.name}({','.join(names)})#"
         i = 0
         for o in e.tv_outputs:
             depth[o] = d
-            canon[o] = sha1(f"{base}{i}".encode()).hexdigest()[:16]
+            canon[o] = _mix(h, i)
             i += 1
     return depth, canon
+
+
+_MASK = 0xFFFFFFFFFFFFFFFF
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's
+_INPUT, _UNKNOWN = 0x696E707574, 0x3F  # (any fixed values)
+
+
+def _mix(h, x):
+    """splitmix64's finalizer over h ^ x: every bit of both moves every bit
+    of the result (mod 2**64, so compiled and interpreted agree)."""
+    z = ((h ^ x) + _GOLDEN) & _MASK
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK
+    return z ^ (z >> 31)

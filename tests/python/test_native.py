@@ -76,9 +76,10 @@ def test_status_runs_the_source_when_the_build_is_stale_missing_or_unwanted(tmp_
     assert all(native.PURE_PYTHON_ENV in why for why in pure.values())
 
 
-def test_check_fails_only_on_a_stale_build(tmp_path):
+def test_check_fails_only_on_a_stale_build(tmp_path, monkeypatch):
     """tools/nvshard setup rebuilds when `native.py --check` fails; the script
     runs without importing nvshard (or torch)."""
+    monkeypatch.delenv(native.PURE_PYTHON_ENV, raising=False)  # (set, nothing runs compiled: nothing is stale)
     root = str(_fake_tree(tmp_path))
     assert native._main(["--check"], root) == 0
     os.remove(native.compiled_path(native.COMPILED[1], root))
@@ -121,3 +122,31 @@ def test_compiled_and_python_engines_give_the_same_plans_and_logs():
     assert sum("conflict at" in text for text in python.values()) >= 3  # the logs hold real decisions
     for name in python:
         assert compiled[name] == python[name], name
+
+
+@pytest.mark.skipif(PURE, reason="compares the compiled engine with its source; here both are the source")
+def test_structural_keys_are_the_same_compiled_and_as_source():
+    """The keys that order conflicts are 64-bit hashes: C integers compiled,
+    masked Python integers in the source; they must agree bit for bit."""
+    import importlib.util
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import bench_propagation as bp
+    finally:
+        sys.path.pop(0)
+    from nvshard.preseg import engine
+    from nvshard.preseg.pipeline import _sizes
+    from nvshard.preseg.program import Program
+
+    spec = importlib.util.spec_from_file_location("nvshard.preseg._engine_source",
+                                                  os.path.join(ROOT, "nvshard", "preseg", "engine.py"))
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    assert not engine.__file__.endswith(".py") and source.__file__.endswith(".py")
+    fd, shapes = bp.FAMILIES["triangle"](2)
+    program = Program(fd.fusion, _sizes(fd.fusion, shapes, None))
+    depth, canon = engine._structure(program)
+    assert (depth, canon) == source._structure(program)
+    # (equal structure, equal key: the same op on the same tensors)
+    assert len(set(canon.values())) > 100 and 2**63 <= max(canon.values()) < 2**64
