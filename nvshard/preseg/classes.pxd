@@ -25,8 +25,11 @@ cdef class PassThroughClasses:
     cpdef _link_all(self, Program program, set frozen, dict home)
 
     @cython.locals(slots=list, links=dict, axes=tuple, a=AxisFactors, s=AxisFactors, link=Link, positions=list,
-                   members=list, i=Py_ssize_t)
+                   members=list, i=Py_ssize_t, per_axis=list)
     cpdef _link_expr(self, Expr expr, rule, set frozen, dict home)
+
+    @cython.locals(per_axis=list)
+    cpdef of(self, tv, axis)
 
 
 @cython.locals(i=Py_ssize_t, s=AxisFactors)

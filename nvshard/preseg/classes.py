@@ -57,7 +57,9 @@ class PassThroughClasses:
 
     def __init__(self, program, frozen: set, home: dict):
         """program None: no links (every decision travels by proposals)."""
-        self.links: dict = {}  # (tv, axis) -> [Link]
+        # tv -> per logical axis its [Link] (None: unlinked); keyed by tensor,
+        # not (tensor, axis): no pair to build and hash per lookup
+        self.links: dict = {}
         self.linked_positions: dict = {}  # expr -> positions in axis_factors(expr) that are linked
         self.internal: set = set()  # exprs whose every axis is linked: they never propose
         self._parent = None  # union-find over the links, built when a class is first asked for
@@ -97,10 +99,12 @@ class PassThroughClasses:
                     continue  # one tensor (x * x) links nothing
                 link = Link(expr, axes)
                 for a in axes:
-                    key = (a.tv, a.axis)
-                    out = links.get(key)
+                    per_axis = links.get(a.tv)
+                    if per_axis is None:
+                        per_axis = links[a.tv] = [None] * len(a.tv.logical)
+                    out = per_axis[a.axis]
                     if out is None:
-                        links[key] = [link]
+                        per_axis[a.axis] = [link]
                     else:
                         out.append(link)
                 positions += part
@@ -108,6 +112,11 @@ class PassThroughClasses:
             self.linked_positions[expr] = frozenset(positions)
             if len(positions) == len(slots):
                 self.internal.add(expr)
+
+    def of(self, tv, axis: int):
+        """The links of one axis (None: unlinked)."""
+        per_axis = self.links.get(tv)
+        return None if per_axis is None else per_axis[axis]
 
     # -- union-find (asked for by tests and tools; the spread walks links) ---------------------------
     def _find(self, slot):
@@ -127,10 +136,15 @@ class PassThroughClasses:
     def _grouped(self) -> None:
         if self._parent is None:
             self._parent = {}
-            for key, out in self.links.items():
-                for link in out:
-                    first = link.members[0]
-                    self._union((first.tv, first.axis), key)
+            for tv, per_axis in self.links.items():
+                for k, out in enumerate(per_axis):
+                    for link in out or ():
+                        first = link.members[0]
+                        self._union((first.tv, first.axis), (tv, k))
+
+    def _linked_axes(self) -> list:
+        """(tv, axis) of every linked axis."""
+        return [(tv, k) for tv, per_axis in self.links.items() for k, out in enumerate(per_axis) if out]
 
     def class_of(self, tv, axis):
         """A representative axis of the class (tv, axis) is in (itself when unlinked)."""
@@ -140,8 +154,9 @@ class PassThroughClasses:
     def count(self) -> tuple:
         """(classes, linked axes)."""
         self._grouped()
-        roots = {self._find(s) for s in self.links}
-        return len(roots), len(self.links)
+        linked = self._linked_axes()
+        roots = {self._find(s) for s in linked}
+        return len(roots), len(linked)
 
 
 def _one_stage(members: list, slots: list, home: dict, stage) -> bool:

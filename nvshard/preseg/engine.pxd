@@ -7,7 +7,7 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.multidevice.mesh cimport DeviceMesh
-from nvshard.preseg.classes cimport Link
+from nvshard.preseg.classes cimport Link, PassThroughClasses
 from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors
 from nvshard.preseg.program cimport Program
@@ -31,7 +31,8 @@ cdef class Engine:
     cdef public dict adjacent, _reduction_axes, _used_cache, _layouts_seen, _open_to, _per_target, _changed_axes
     cdef public object _refresh_by_factor
     cdef public dict home
-    cdef public object resolver, classes
+    cdef public object resolver
+    cdef public PassThroughClasses classes
     cdef public dict depth, canon
 
     @cython.locals(d=Decision)

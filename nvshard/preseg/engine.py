@@ -520,7 +520,7 @@ class Engine:
                 continue
             self._decide(tv, m, reason)
             changed.add(tv)
-            if m.digits and (tv, m.axis) in self.classes.links:
+            if m.digits and self.classes.of(tv, m.axis) is not None:
                 spreading.append((tv, m.axis))
         if spreading:
             changed |= self._spread(spreading)
@@ -559,7 +559,7 @@ class Engine:
             for tv, axis in frontier:
                 d = decided[tv][axis]
                 mesh = meshes[tv]
-                for link in links[(tv, axis)]:
+                for link in links[tv][axis]:
                     for end, direction in link.ends(tv):
                         t = end.tv
                         if decided[t][end.axis] is not None:

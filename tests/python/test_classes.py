@@ -59,7 +59,7 @@ def test_pass_through_axes_form_one_class_and_contractions_separate_them():
     columns = {classes.class_of(tv, 1) for tv in chain[1:]}
     assert len(rows) == 1 and len(columns) == 1 and rows != columns
     # the annotated input is a source, not a member
-    assert (chain[0], 0) not in classes.links
+    assert chain[0] not in classes.links and classes.of(chain[0], 0) is None
     # linear contracts: its result's axes start a class of their own
     assert classes.class_of(out, 0) == classes.class_of(after, 0)
     assert classes.class_of(out, 0) not in rows
