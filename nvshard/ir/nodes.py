@@ -549,10 +549,18 @@ def _without_broadcast_factors(expr: "Expr", rule):
     for tvs, per_tv in ((expr.tv_inputs, rule.operands), (expr.tv_outputs, rule.results)):
         for i, (tv, axes) in enumerate(zip(tvs, per_tv)):
             ids = tv.logical if len(axes) == len(tv.logical) else [tv.logical[j] for j in tv.non_reduction_axes()]
-            if any(id_.is_broadcast() and f for id_, f in zip(ids, axes)):
+            if _names_a_broadcast(ids, axes):
                 # a new list: rules may share one list between an operand and a result
                 per_tv[i] = [() if id_.is_broadcast() else f for id_, f in zip(ids, axes)]
     return rule
+
+
+def _names_a_broadcast(ids, axes) -> bool:
+    """Whether a rule names a factor on one of these axes that is a broadcast."""
+    for id_, f in zip(ids, axes):
+        if f and id_.is_broadcast():
+            return True
+    return False
 
 
 class Fusion:

@@ -39,12 +39,20 @@ class Factor:
     kind: FactorKind
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ShardingRule:
-    factors: list[Factor] = field(default_factory=list)
-    operands: list[list[tuple]] = field(default_factory=list)  # per TensorView input
-    results: list[list[tuple]] = field(default_factory=list)  # per TensorView output
-    cache: dict = field(default_factory=dict, repr=False, compare=False)  # what passes derive from it
+    factors: list[Factor]
+    operands: list[list[tuple]]  # per TensorView input
+    results: list[list[tuple]]  # per TensorView output
+    cache: dict = field(repr=False, compare=False)  # what passes derive from it
+
+    def __init__(self, factors=None, operands=None, results=None, cache=None):
+        # (written out: every expr of a new fusion makes one, and the generated
+        # __init__ with default factories costs several times as much)
+        self.factors = [] if factors is None else factors
+        self.operands = [] if operands is None else operands
+        self.results = [] if results is None else results
+        self.cache = {} if cache is None else cache
 
     def add_factor(self, name: str, extent, kind: FactorKind = FactorKind.PASS) -> int:
         self.factors.append(Factor(name, Size.of(extent), kind))
@@ -52,24 +60,31 @@ class ShardingRule:
 
     def describe(self) -> str:
         """Einsum-like text, e.g. `b i k, n k -> b i n {k: sum}`."""
-
-        def axis_text(factors: tuple) -> str:
-            if not factors:
-                return "1"
-            if len(factors) == 1:
-                return self.factors[factors[0]].name
-            return "(" + " ".join(self.factors[f].name for f in factors) + ")"
-
-        def tensor_text(axes: list) -> str:
-            return " ".join(axis_text(a) for a in axes) or "scalar"
-
-        lhs = ", ".join(tensor_text(o) for o in self.operands)
-        rhs = ", ".join(tensor_text(r) for r in self.results)
-        special = [f"{f.name}: {f.kind.value}" for f in self.factors if f.kind is not FactorKind.PASS]
-        text = f"{lhs} -> {rhs}"
+        names = [f.name for f in self.factors]
+        text = f"{_tensors_text(self.operands, names)} -> {_tensors_text(self.results, names)}"
+        special = [f"{f.name}: {f.kind.value}" for f in self.factors if f.kind is not _PASS]
         if special:
             text += " {" + ", ".join(special) + "}"
         return text
+
+
+_PASS = FactorKind.PASS  # (an Enum class's attribute read is slow on Python 3.11)
+
+
+def _tensors_text(tensors: list, names: list) -> str:
+    """ShardingRule.describe's text of one side: tensors by ", ", axes by " "."""
+    out = []
+    for axes in tensors:
+        words = []
+        for factors in axes:
+            if not factors:
+                words.append("1")
+            elif len(factors) == 1:
+                words.append(names[factors[0]])
+            else:
+                words.append("(" + " ".join([names[f] for f in factors]) + ")")
+        out.append(" ".join(words) or "scalar")
+    return ", ".join(out)
 
 
 class OpSpec:

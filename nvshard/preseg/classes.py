@@ -28,6 +28,7 @@ from .proposals import Direction
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
 _OPERAND = Role.OPERAND
+_PASS, _SUM = FactorKind.PASS, FactorKind.SUM
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
 
 
@@ -186,7 +187,7 @@ def _pass_groups(rule, slots) -> list:
         by_factor: dict = {}
         if not _contracts(rule):
             for i, s in enumerate(slots):
-                if not s.compound and not s.reduction and rule.factors[s.factors[0]].kind is FactorKind.PASS:
+                if not s.compound and not s.reduction and rule.factors[s.factors[0]].kind is _PASS:
                     by_factor.setdefault(s.factors[0], []).append(i)
         groups = rule.cache["pass_groups"] = [g for g in by_factor.values() if len(g) > 1]
     return groups
@@ -195,6 +196,6 @@ def _pass_groups(rule, slots) -> list:
 def _contracts(rule) -> bool:
     """Whether the rule has a contraction (sum) factor."""
     for f in rule.factors:
-        if f.kind is FactorKind.SUM:
+        if f.kind is _SUM:
             return True
     return False

@@ -22,6 +22,8 @@ cpdef list operand_axes(expr, i, rule)
 
 cpdef list axis_factors(expr, rule)
 
+cpdef _append_axes(list out, TensorView tv, role, position, list pairs, list extents, list names)
+
 cpdef list result_axes(expr, i, rule)
 
 cpdef split_axis(digits, factors, rule, dict mesh_sizes)

@@ -32,10 +32,13 @@ class Role(enum.Enum):
     RESULT = "result"
 
 
-@dataclass(frozen=True, eq=False)
+_OPERAND, _RESULT = Role.OPERAND, Role.RESULT
+
+
+@dataclass(eq=False, init=False)
 class AxisFactors:
     """One axis of one tensor of an expr and the rule factors it is made of
-    (outer first)."""
+    (outer first). Never changed once made."""
 
     tv: object  # TensorView
     role: Role
@@ -45,10 +48,20 @@ class AxisFactors:
     extents: tuple  # of the factors
     reduction: bool  # a result's reduction axis: a layout there is a pending sum
     names: str  # factor names, for the log
-    compound: bool = False  # made of several factors (a reshape splits or merges it)
+    compound: bool  # made of several factors (a reshape splits or merges it)
 
-    def __post_init__(self):
-        object.__setattr__(self, "compound", len(self.factors) > 1)
+    def __init__(self, tv, role, position, axis, factors, extents, reduction, names):
+        # (written out: a new fusion makes one per axis of every expr, and the
+        # generated __init__ with a __post_init__ costs several times as much)
+        self.tv = tv
+        self.role = role
+        self.position = position
+        self.axis = axis
+        self.factors = factors
+        self.extents = extents
+        self.reduction = reduction
+        self.names = names
+        self.compound = len(factors) > 1
 
 
 def operand_axes(expr, i: int, rule) -> list:
@@ -88,16 +101,33 @@ def axis_factors(expr, rule) -> list:
     if cached is not None:
         return cached
     out = []
-    tensors = [(Role.OPERAND, i, tv, operand_axes(expr, i, rule)) for i, tv in enumerate(expr.tv_inputs)]
-    tensors += [(Role.RESULT, i, tv, result_axes(expr, i, rule)) for i, tv in enumerate(expr.tv_outputs)]
-    for role, i, tv, pairs in tensors:
-        for k, factors in pairs:
-            if factors:
-                out.append(AxisFactors(
-                    tv, role, i, k, tuple(factors), tuple([rule.factors[f].extent for f in factors]),
-                    tv.logical[k].is_reduction(), " ".join([rule.factors[f].name for f in factors])))
+    extents = [f.extent for f in rule.factors]
+    names = [f.name for f in rule.factors]
+    i = 0
+    for tv in expr.tv_inputs:
+        _append_axes(out, tv, _OPERAND, i, operand_axes(expr, i, rule), extents, names)
+        i += 1
+    i = 0
+    for tv in expr.tv_outputs:
+        _append_axes(out, tv, _RESULT, i, result_axes(expr, i, rule), extents, names)
+        i += 1
     rule.cache["axis_factors"] = out
     return out
+
+
+def _append_axes(out: list, tv, role, position: int, pairs: list, extents: list, names: list) -> None:
+    """axis_factors of one tensor (pairs: operand_axes or result_axes)."""
+    logical = tv.logical
+    for k, factors in pairs:
+        if not factors:
+            continue
+        if len(factors) == 1:
+            f = factors[0]
+            out.append(AxisFactors(tv, role, position, k, tuple(factors), (extents[f],),
+                                   logical[k].is_reduction(), names[f]))
+        else:
+            out.append(AxisFactors(tv, role, position, k, tuple(factors), tuple([extents[f] for f in factors]),
+                                   logical[k].is_reduction(), " ".join([names[f] for f in factors])))
 
 
 def _any_in(factors, found: dict) -> bool:

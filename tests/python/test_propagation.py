@@ -350,3 +350,21 @@ def test_pending_annotation_on_a_sum_is_honoured():
     assert [c.kind for c in plan.communications] == ["allreduce"]
     full = torch.randn(4, 8)
     torch.testing.assert_close(nvfuser.simulate(fd, [full]).output(0), full.sum(1))
+
+
+def test_op_rules_read_as_einsum_text():
+    """A rule's text names each tensor's axes by factor (a reshape's merged
+    axis in brackets, a broadcast or unsharded axis "1"), then the factors
+    that are not pass-through; the cost model, the conflicts and the
+    decomposition remember answers by it."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 6, 8])
+        w = fd.define_tensor([16, 8])
+        y = fd.ops.linear(x, w)
+        z = fd.ops.reshape(y, [24, 16])
+        fd.add_output(fd.ops.sum(z, [0]))
+    assert [e.rule().describe() for e in fd.fusion.exprs] == [
+        "b0 b1 k, n k -> b0 b1 n k {k: sum}",
+        "r0 r1 r2 -> (r0 r1) r2",
+        "k0 a1 -> k0 a1 {k0: sum}",
+    ]
