@@ -28,14 +28,14 @@ cdef class Engine:
     cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
-    cdef public dict adjacent, _reduction_axes, _used_cache, _layouts_seen, _open_to, _per_target, _changed_axes
+    cdef public dict adjacent, _reduction_axes, _used_iteration, _used_reduction, _layouts_seen, _open_to, _per_target, _changed_axes
     cdef public object _refresh_by_factor
     cdef public dict home
     cdef public object resolver
     cdef public PassThroughClasses classes
     cdef public dict depth, canon
 
-    @cython.locals(d=Decision)
+    @cython.locals(d=Decision, cache=dict)
     cpdef set used(self, tv, reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
@@ -135,3 +135,6 @@ cpdef dict _adjacency(program)
 
 @cython.locals(home=dict, e=Expr, o=TensorView)
 cpdef dict _stage_meshes(program)
+
+@cython.locals(t=TensorView)
+cpdef _one_mesh(list tensors, dict home)

@@ -66,7 +66,7 @@ class Engine:
     __slots__ = (
         "p", "cost", "log", "decided", "mesh", "frozen", "level", "releasing", "proposals", "by_target",
         "_classes", "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
-        "_reduction_axes", "_used_cache", "_layouts_seen", "_open_to", "_per_target", "_changed_axes",
+        "_reduction_axes", "_used_iteration", "_used_reduction", "_layouts_seen", "_open_to", "_per_target", "_changed_axes",
         "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
     )
 
@@ -95,7 +95,9 @@ class Engine:
         self._heap_counter = 0
         self.adjacent = _adjacency(program)
         self._reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
-        self._used_cache: dict = {}
+        # tv -> mesh axes its decided iteration (reduction) axes use, until they change
+        self._used_iteration: dict = {}
+        self._used_reduction: dict = {}
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self._open_to: dict = {}  # expr -> its axes that are not annotated
         self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
@@ -235,14 +237,14 @@ class Engine:
     def used(self, tv, reduction: bool) -> set:
         """Mesh axes tv's decided iteration (or reduction) axes use; cached
         until tv's decisions change."""
-        key = (tv, reduction)
-        used = self._used_cache.get(key)
+        cache = self._used_reduction if reduction else self._used_iteration
+        used = cache.get(tv)
         if used is None:
             used = set()
             for is_reduction, d in zip(self._reduction_axes[tv], self.decided[tv]):
                 if d is not None and d.digits and is_reduction == reduction:
                     used |= self._layout_facts(d.digits)[0]
-            self._used_cache[key] = used
+            cache[tv] = used
         return used
 
     def _expr_proposals(self, expr, changed=None) -> list:
@@ -538,7 +540,7 @@ class Engine:
             self._changed_axes[tv] = {axis}
         else:
             axes.add(axis)
-        self._used_cache.pop((tv, self._reduction_axes[tv][axis]), None)
+        (self._used_reduction if self._reduction_axes[tv][axis] else self._used_iteration).pop(tv, None)
         self.log.decide(tv, axis, digits, decision.source, decision.priority, STAGE_TEXT[decision.stage], reason)
         if tv in self._classes or tv in self.by_target:
             self._invalidate(tv)
@@ -710,12 +712,26 @@ def _stage_meshes(program: Program) -> dict:
     tensor over to it; the data crosses at the cut."""
     home = {}
     for e in program.exprs:
-        meshes = {t.mesh if t.mesh is not None else home.get(t) for t in e.tv_inputs}
-        meshes.discard(None)
-        for o in e.tv_outputs:
-            if o.mesh is None and len(meshes) == 1:
-                home[o] = next(iter(meshes))
+        only = _one_mesh(e.tv_inputs, home)
+        if only is not None:
+            for o in e.tv_outputs:
+                if o.mesh is None:
+                    home[o] = only
     return home
+
+
+def _one_mesh(tensors: list, home: dict):
+    """The one mesh the tensors are placed (or at home) on; None when they
+    disagree or none is."""
+    only = None
+    for t in tensors:
+        mesh = t.mesh if t.mesh is not None else home.get(t)
+        if mesh is None or mesh is only:
+            continue
+        if only is not None and mesh != only:
+            return None
+        only = mesh
+    return only
 
 
 def _structure(program: Program):
