@@ -28,7 +28,8 @@ cdef class Engine:
     cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
-    cdef public dict adjacent, _reduction_axes, _used_iteration, _used_reduction, _layouts_seen, _open_to, _per_target, _changed_axes
+    cdef public dict adjacent, _reduction_axes, _used_iteration, _used_reduction, _layouts_seen, _open_to
+    cdef public dict _per_target, _changed_axes
     cdef public object _refresh_by_factor
     cdef public dict home
     cdef public object resolver

@@ -66,8 +66,8 @@ class Engine:
     __slots__ = (
         "p", "cost", "log", "decided", "mesh", "frozen", "level", "releasing", "proposals", "by_target",
         "_classes", "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
-        "_reduction_axes", "_used_iteration", "_used_reduction", "_layouts_seen", "_open_to", "_per_target", "_changed_axes",
-        "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
+        "_reduction_axes", "_used_iteration", "_used_reduction", "_layouts_seen", "_open_to", "_per_target",
+        "_changed_axes", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
     )
 
     def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True,
