@@ -137,11 +137,10 @@ class PassThroughClasses:
     def _grouped(self) -> None:
         if self._parent is None:
             self._parent = {}
-            for tv, per_axis in self.links.items():
-                for k, out in enumerate(per_axis):
-                    for link in out or ():
-                        first = link.members[0]
-                        self._union((first.tv, first.axis), (tv, k))
+            for tv, k in self._linked_axes():
+                for link in self.of(tv, k):
+                    first = link.members[0]
+                    self._union((first.tv, first.axis), (tv, k))
 
     def _linked_axes(self) -> list:
         """(tv, axis) of every linked axis."""
