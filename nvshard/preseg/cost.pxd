@@ -44,7 +44,7 @@ cdef class CostModel:
     cpdef expr_cost(self, Expr expr, dict states, dict options, shared=*)
 
     @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, parts=list, keys=dict, state=TvState,
-                   t=TensorView, o=TensorView)
+                   t=TensorView, o=TensorView, i=Py_ssize_t)
     cpdef tuple _question(self, Expr expr, dict states, dict options, shared)
 
     @cython.locals(outputs=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost, best=Cost)
@@ -64,3 +64,6 @@ cpdef _size_value(sizes, size)
 
 @cython.locals(entry=tuple)
 cpdef tuple remembered_key(dict known, digits)
+
+@cython.locals(id_=IterDomain, k=Py_ssize_t, bucket=set, axes=set)
+cpdef bint _consistent(TensorView tv, TvState state) except -1

@@ -166,10 +166,10 @@ class CostModel:
         tensors, first, head, sigs = fixed
         parts = list(head)
         keys = self.layout_keys
-        for t, sig in zip(tensors, sigs):
-            state = states[t]
+        for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
+            state = states[tensors[i]]
             # the key of () is (); an open axis (None) stays None
-            parts.append((sig, state.mesh, tuple([remembered_key(keys, d) if d else d for d in state.layouts])))
+            parts.append((sigs[i], state.mesh, tuple([remembered_key(keys, d) if d else d for d in state.layouts])))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
@@ -309,8 +309,10 @@ def _all_consistent(outputs: list, filled: dict) -> bool:
 def _consistent(tv, state: TvState) -> bool:
     """No mesh axis shards two iteration axes (or two reduction axes)."""
     seen = {False: set(), True: set()}
-    for id_, digits in zip(tv.logical, state.layouts):
-        axes = set(layout.mesh_axes_of(digits or ()))
+    logical, layouts = tv.logical, state.layouts
+    for k in range(min(len(logical), len(layouts))):  # (an index loop: compiled, no tuple per pair)
+        id_ = logical[k]
+        axes = set(layout.mesh_axes_of(layouts[k] or ()))
         bucket = seen[id_.is_reduction()]
         if axes & bucket:
             return False

@@ -36,7 +36,7 @@ cdef class Engine:
     cdef public PassThroughClasses classes
     cdef public dict depth, canon
 
-    @cython.locals(d=Decision, cache=dict)
+    @cython.locals(d=Decision, cache=dict, flags=list, decided=list, k=Py_ssize_t)
     cpdef set used(self, tv, reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
@@ -65,10 +65,10 @@ cdef class Engine:
     cpdef _record(self, tv, axis, digits, mesh, Decision decision, reason)
 
     @cython.locals(d=Decision, end=AxisFactors, link=Link, decided=dict, meshes=dict, home=dict, arriving=dict,
-                   per_axis=dict, links=dict)
+                   per_axis=dict, links=dict, offers=list)
     cpdef set _spread(self, list frontier)
 
-    @cython.locals(d=Decision)
+    @cython.locals(d=Decision, used=set, mesh_axes=frozenset)
     cpdef bint _uncontested(self, tv, dict per_axis) except -1
 
     @cython.locals(m=Choice, stale=set)

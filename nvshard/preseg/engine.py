@@ -241,8 +241,10 @@ class Engine:
         used = cache.get(tv)
         if used is None:
             used = set()
-            for is_reduction, d in zip(self._reduction_axes[tv], self.decided[tv]):
-                if d is not None and d.digits and is_reduction == reduction:
+            flags, decided = self._reduction_axes[tv], self.decided[tv]
+            for k in range(len(decided)):
+                d = decided[k]
+                if d is not None and d.digits and flags[k] == reduction:
                     used |= self._layout_facts(d.digits)[0]
             cache[tv] = used
         return used
@@ -581,9 +583,12 @@ class Engine:
                     continue
                 for axis in sorted(per_axis):
                     offers = per_axis[axis]
-                    d, mesh, _, via = offers[0]
-                    source = propagated_through(via, [o[2] for o in offers])
-                    priority = min([o[0].priority for o in offers])
+                    d, mesh, src, via = offers[0]
+                    if len(offers) == 1:  # (the common case: no list to build, no min to call)
+                        source, priority = propagated_through(via, [src]), d.priority
+                    else:
+                        source = propagated_through(via, [o[2] for o in offers])
+                        priority = min([o[0].priority for o in offers])
                     self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))
             changed.update([t for t, _ in frontier])
@@ -592,16 +597,22 @@ class Engine:
     def _uncontested(self, tv, per_axis: dict) -> bool:
         """One layout arrives per axis, and the mesh axes they use are free
         on tv and distinct."""
-        taken = set(self.used(tv, reduction=False))
+        used = self.used(tv, reduction=False)
+        taken = None  # the mesh axes the arriving layouts take (no copy of `used` to grow)
         for offers in per_axis.values():
             d, mesh = offers[0][0], offers[0][1]
             mesh_axes, key = self._layout_facts(d.digits)
             for o in offers[1:]:
                 if (o[1] is not mesh and o[1] != mesh) or self._layout_facts(o[0].digits)[1] != key:
                     return False
-            if not taken.isdisjoint(mesh_axes):
+            if not used.isdisjoint(mesh_axes):
                 return False
-            taken |= mesh_axes
+            if taken is None:
+                taken = mesh_axes
+            elif taken.isdisjoint(mesh_axes):
+                taken = taken | mesh_axes
+            else:
+                return False
         return True
 
     def _offer(self, tv, per_axis: dict) -> list:

@@ -12,8 +12,9 @@ cdef class AxisFactors:
 
 from nvshard.preseg.program cimport TvState
 
+@cython.locals(k=Py_ssize_t)
 cpdef bint same_state(TvState a, TvState b) except -1
-@cython.locals(id_=IterDomain, layouts=list)
+@cython.locals(id_=IterDomain, layouts=list, k=Py_ssize_t)
 cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
 cpdef bint annotated_sum(tv) except -1
@@ -45,11 +46,16 @@ cpdef _compute_plan(expr, dict factors, list result_states, rule)
 @cython.locals(state=TvState, out=list, from_operands=dict)
 cpdef list _alternatives(expr, base, list operand_states, rule)
 
-@cython.locals(state=TvState, seen=dict, bucket=set, axes=tuple)
+@cython.locals(state=TvState, seen=dict, bucket=set, axes=tuple, tensors=list, states=list, id_=IterDomain,
+               i=Py_ssize_t, k=Py_ssize_t)
 cpdef bint _realizable(expr, plan) except -1
 
-@cython.locals(actual=TvState, required=TvState, produced=TvState, state=TvState, src=TvState)
+@cython.locals(actual=TvState, required=TvState, operands=list, outputs=list, results=list, i=Py_ssize_t)
 cpdef bint _moves_nothing(expr, plan, list result_states, list operand_states) except -1
 
-@cython.locals(actual=TvState, required=TvState, produced=TvState, state=TvState, src=TvState, total=double)
+@cython.locals(actual=TvState, required=TvState, inputs=list, operands=list, outputs=list, results=list,
+               total=double, i=Py_ssize_t)
 cpdef double _plan_cost(expr, plan, list result_states, list operand_states, price) except? -1.0
+
+@cython.locals(k=Py_ssize_t)
+cpdef TvState _arriving(TvState actual, TvState required)

@@ -181,9 +181,12 @@ def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
 
 def resolved(tv, state: TvState) -> TvState:
     """The state a result has once its partial sums are resolved."""
-    layouts = []
-    for id_, d in zip(tv.logical, state.layouts):  # (a loop: compiled, its axes are typed)
-        layouts.append(() if id_.is_reduction() else d)
+    # (an index loop: compiled, it runs in C, where zip() would build tuples)
+    logical, layouts = tv.logical, list(state.layouts)
+    for k in range(len(layouts)):
+        id_ = logical[k]
+        if id_.is_reduction():
+            layouts[k] = ()
     return TvState(state.mesh, layouts)
 
 
@@ -328,10 +331,15 @@ def _same_factors(a: dict, b: dict) -> bool:
 def _realizable(expr, plan: ComputePlan) -> bool:
     """No mesh axis lays out two iteration axes (or two reduction axes) of
     one tensor."""
-    for tv, state in zip(expr.tv_inputs + expr.tv_outputs, plan.operands + plan.results):
+    # (index loops here and below: compiled, they run in C, where zip() builds tuples)
+    tensors, states = expr.tv_inputs + expr.tv_outputs, plan.operands + plan.results
+    for i in range(min(len(tensors), len(states))):
+        tv, state = tensors[i], states[i]
         seen = {False: set(), True: set()}
-        for id_, digits in zip(tv.logical, state.layouts):
-            axes = layout.mesh_axes_of(digits)
+        logical, layouts = tv.logical, state.layouts
+        for k in range(min(len(logical), len(layouts))):
+            id_ = logical[k]
+            axes = layout.mesh_axes_of(layouts[k])
             bucket = seen[id_.is_reduction()]
             if len(set(axes)) != len(axes) or bucket.intersection(axes):
                 return False
@@ -348,7 +356,8 @@ def same_state(a: TvState, b: TvState) -> bool:
     la, lb = a.layouts, b.layouts
     if len(la) != len(lb):
         return False
-    for x, y in zip(la, lb):
+    for k in range(len(la)):  # (an index loop: compiled, no tuple per pair)
+        x, y = la[k], lb[k]
         if x is not y and (x or ()) != (y or ()):
             return False
     return True
@@ -357,26 +366,35 @@ def same_state(a: TvState, b: TvState) -> bool:
 def _moves_nothing(expr, plan: ComputePlan, result_states: list, operand_states: list) -> bool:
     """Whether `_plan_cost(plan)` is zero because every reshard it prices is
     from a state to itself."""
-    for actual, required in zip(operand_states, plan.operands):
-        if actual is not None:
-            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
-            if not same_state(src, required):
-                return False
-    for tv, produced, state in zip(expr.tv_outputs, plan.results, result_states):
-        if not same_state(produced, resolved(tv, state)):
+    operands = plan.operands
+    for i in range(min(len(operand_states), len(operands))):
+        actual, required = operand_states[i], operands[i]
+        if actual is not None and not same_state(_arriving(actual, required), required):
+            return False
+    outputs, results = expr.tv_outputs, plan.results
+    for i in range(min(len(outputs), len(results), len(result_states))):
+        if not same_state(results[i], resolved(outputs[i], result_states[i])):
             return False
     return True
 
 
 def _plan_cost(expr, plan: ComputePlan, result_states: list, operand_states: list, price) -> float:
     total = 0.0
-    for tv, actual, required in zip(expr.tv_inputs, operand_states, plan.operands):
+    inputs, operands = expr.tv_inputs, plan.operands
+    for i in range(min(len(inputs), len(operand_states), len(operands))):
+        actual, required = operand_states[i], operands[i]
         if actual is not None:
-            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
-            total += price(tv, src, required)
-    for tv, produced, state in zip(expr.tv_outputs, plan.results, result_states):
-        total += price(tv, produced, resolved(tv, state))
+            total += price(inputs[i], _arriving(actual, required), required)
+    outputs, results = expr.tv_outputs, plan.results
+    for i in range(min(len(outputs), len(results), len(result_states))):
+        total += price(outputs[i], results[i], resolved(outputs[i], result_states[i]))
     return total
+
+
+def _arriving(actual: TvState, required: TvState) -> TvState:
+    """An operand as it arrives: its open axes (None) as required."""
+    a, r = actual.layouts, required.layouts
+    return TvState(actual.mesh, [r[k] if a[k] is None else a[k] for k in range(min(len(a), len(r)))])
 
 
 def result_only_axes(expr, rule, out_index: int) -> list:
