@@ -2,11 +2,17 @@ cimport cython
 # Compiled types for program.py: a tensor's sharding state, and the program
 # (every pass asks it for exprs' rules: typed, a C call).
 
-from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 
 @cython.freelist(256)
 cdef class TvState:
     cdef public object mesh, layouts
+
+    @cython.locals(id_=IterDomain, k=Py_ssize_t, axes=list)
+    cpdef tuple pending(self, tv)
+
+    @cython.locals(id_=IterDomain, k=Py_ssize_t, used=set)
+    cpdef set used(self, tv)
 
     cpdef tuple key(self)
 

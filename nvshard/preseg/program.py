@@ -37,17 +37,21 @@ class TvState:
     def pending(self, tv: TensorView) -> tuple:
         """Mesh axes holding partial sums (the reduction axes' layouts)."""
         axes = []
-        for id_, digits in zip(tv.logical, self.layouts):
+        logical, layouts = tv.logical, self.layouts
+        for k in range(min(len(logical), len(layouts))):  # (an index loop: compiled, no tuple per pair)
+            id_ = logical[k]
             if id_.is_reduction():
-                axes.extend(layout.mesh_axes_of(digits))
+                axes.extend(layout.mesh_axes_of(layouts[k]))
         return tuple(axes)
 
     def used(self, tv: TensorView) -> set:
         """Mesh axes sharding an iteration axis."""
         used = set()
-        for id_, digits in zip(tv.logical, self.layouts):
+        logical, layouts = tv.logical, self.layouts
+        for k in range(min(len(logical), len(layouts))):
+            id_ = logical[k]
             if not id_.is_reduction():
-                used.update(layout.mesh_axes_of(digits))
+                used.update(layout.mesh_axes_of(layouts[k]))
         return used
 
     def key(self) -> tuple:

@@ -29,13 +29,13 @@ cpdef list result_axes(expr, i, rule)
 
 cpdef split_axis(digits, factors, rule, dict mesh_sizes)
 
-@cython.locals(out=dict)
+@cython.locals(out=dict, j=Py_ssize_t)
 cpdef dict project(list pairs, list layouts, rule, dict mesh_sizes, bint skip_replicated=*)
 
 @cython.locals(layouts=list)
 cpdef list unproject(list pairs, n_axes, dict factor_layouts, rule)
 
-@cython.locals(state=TvState, out=dict, sizes=dict, scattered=set)
+@cython.locals(state=TvState, out=dict, sizes=dict, scattered=set, i=Py_ssize_t, j=Py_ssize_t)
 cpdef dict factor_layouts(expr, list result_states, rule)
 
 cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*)

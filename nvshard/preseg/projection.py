@@ -162,7 +162,11 @@ def project(pairs: list, layouts: list, rule, mesh_sizes: dict, skip_replicated:
         digits = layouts[k]
         if not factors or not digits:
             continue
-        for f, d in zip(factors, split_axis(digits, factors, rule, mesh_sizes) or ()):
+        per = split_axis(digits, factors, rule, mesh_sizes)
+        if per is None:
+            continue
+        for j in range(min(len(factors), len(per))):  # (an index loop: compiled, no tuple per pair)
+            f, d = factors[j], per[j]
             if d and not (skip_replicated and rule.factors[f].kind is _REPLICATED):
                 out[f] = d
     return out
@@ -210,7 +214,9 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
     that iteration axis": the computation keeps the iteration axis whole on
     that mesh axis. Replicated factors are computed whole."""
     out: dict = {}
-    for i, (tv, state) in enumerate(zip(expr.tv_outputs, result_states)):
+    outputs = expr.tv_outputs
+    for i in range(min(len(outputs), len(result_states))):  # (index loops: compiled, no tuple per pair)
+        tv, state = outputs[i], result_states[i]
         if state is None or state.mesh is None:
             continue
         sizes = state.mesh.axis_sizes()
@@ -226,8 +232,9 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
             per = split_axis(digits, factors, rule, sizes)
             if per is None:
                 per = [() for _ in factors]
-            for f, d in zip(factors, per):
-                out[f] = () if rule.factors[f].kind is _REPLICATED else d
+            for j in range(min(len(factors), len(per))):
+                f = factors[j]
+                out[f] = () if rule.factors[f].kind is _REPLICATED else per[j]
     return out
 
 
