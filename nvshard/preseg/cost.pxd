@@ -47,11 +47,12 @@ cdef class CostModel:
                    t=TensorView, o=TensorView, i=Py_ssize_t)
     cpdef tuple _question(self, Expr expr, dict states, dict options, shared)
 
-    @cython.locals(outputs=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost, best=Cost)
+    @cython.locals(outputs=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost, best=Cost,
+                   i=Py_ssize_t)
     cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
 
-    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, produced=TvState, src=TvState,
-                   actuals=list, total=Cost, cost=Cost)
+    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, actuals=list, total=Cost, cost=Cost,
+                   inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t)
     cpdef _run_cost(self, Expr expr, dict states, dict outs, shared=*)
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 from ..ir.nodes import TensorView
 from .program import TvState
-from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
+from .projection import annotated_sum, arriving_state, plan_compute, resolved, rule_text, same_state
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
 from .reshard import NumelModel, plan_reshard
@@ -190,8 +190,9 @@ class CostModel:
             if n >= MAX_COMPLETIONS:
                 break
             filled = {o: TvState(states[o].mesh, list(states[o].layouts)) for o in outputs}
-            for (o, k), digits in zip(open_axes, combo):
-                filled[o].layouts[k] = digits
+            for i in range(len(open_axes)):  # (an index loop: compiled, no tuple per pair)
+                o, k = open_axes[i]
+                filled[o].layouts[k] = combo[i]
             if not _all_consistent(outputs, filled):
                 continue
             cost = self._run_cost(expr, states, filled, shared)
@@ -212,9 +213,10 @@ class CostModel:
         compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
                                self.price)
         total = Cost(symbolic=self.symbolic)
-        for tv, actual, required in zip(expr.tv_inputs, actuals, compute.operands):
-            src = TvState(actual.mesh, [r if a is None else a for a, r in zip(actual.layouts, required.layouts)])
-            cost = self.reshard(tv, src, required)
+        inputs, operands = expr.tv_inputs, compute.operands
+        for i in range(min(len(inputs), len(operands))):  # (index loops: compiled, no tuple per pair)
+            tv, actual, required = inputs[i], actuals[i], operands[i]
+            cost = self.reshard(tv, arriving_state(actual, required), required)
             if shared and tv in shared and cost.total:
                 made, sharers = shared[tv]
                 if required.key() in made:
@@ -222,8 +224,10 @@ class CostModel:
                 elif sharers > 1:
                     cost = cost.scaled(1.0 / sharers, f"shared by {sharers} consumers")
             total = total + cost
-        for tv, produced in zip(expr.tv_outputs, compute.results):
-            total = total + self.reshard(tv, produced, resolved(tv, outs[tv]))
+        outputs, results = expr.tv_outputs, compute.results
+        for i in range(min(len(outputs), len(results))):
+            tv = outputs[i]
+            total = total + self.reshard(tv, results[i], resolved(tv, outs[tv]))
         return total
 
 

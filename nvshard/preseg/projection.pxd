@@ -58,4 +58,4 @@ cpdef bint _moves_nothing(expr, plan, list result_states, list operand_states) e
 cpdef double _plan_cost(expr, plan, list result_states, list operand_states, price) except? -1.0
 
 @cython.locals(k=Py_ssize_t)
-cpdef TvState _arriving(TvState actual, TvState required)
+cpdef TvState arriving_state(TvState actual, TvState required)

@@ -376,7 +376,7 @@ def _moves_nothing(expr, plan: ComputePlan, result_states: list, operand_states:
     operands = plan.operands
     for i in range(min(len(operand_states), len(operands))):
         actual, required = operand_states[i], operands[i]
-        if actual is not None and not same_state(_arriving(actual, required), required):
+        if actual is not None and not same_state(arriving_state(actual, required), required):
             return False
     outputs, results = expr.tv_outputs, plan.results
     for i in range(min(len(outputs), len(results), len(result_states))):
@@ -391,14 +391,14 @@ def _plan_cost(expr, plan: ComputePlan, result_states: list, operand_states: lis
     for i in range(min(len(inputs), len(operand_states), len(operands))):
         actual, required = operand_states[i], operands[i]
         if actual is not None:
-            total += price(inputs[i], _arriving(actual, required), required)
+            total += price(inputs[i], arriving_state(actual, required), required)
     outputs, results = expr.tv_outputs, plan.results
     for i in range(min(len(outputs), len(results), len(result_states))):
         total += price(outputs[i], results[i], resolved(outputs[i], result_states[i]))
     return total
 
 
-def _arriving(actual: TvState, required: TvState) -> TvState:
+def arriving_state(actual: TvState, required: TvState) -> TvState:
     """An operand as it arrives: its open axes (None) as required."""
     a, r = actual.layouts, required.layouts
     return TvState(actual.mesh, [r[k] if a[k] is None else a[k] for k in range(min(len(a), len(r)))])
