@@ -185,12 +185,11 @@ def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
 
 def resolved(tv, state: TvState) -> TvState:
     """The state a result has once its partial sums are resolved."""
-    # (an index loop: compiled, it runs in C, where zip() would build tuples)
-    logical, layouts = tv.logical, list(state.layouts)
-    for k in range(len(layouts)):
+    logical, given = tv.logical, state.layouts
+    layouts = []
+    for k in range(min(len(logical), len(given))):  # (an index loop: compiled, it runs in C, where zip() builds tuples)
         id_ = logical[k]
-        if id_.is_reduction():
-            layouts[k] = ()
+        layouts.append(() if id_.is_reduction() else given[k])
     return TvState(state.mesh, layouts)
 
 
