@@ -56,6 +56,27 @@ COMPILED = (
 MANIFEST = "native_build.json"
 PURE_PYTHON_ENV = "NVSHARD_PURE_PYTHON"
 
+
+class PythonDirectives:
+    """Stands in for Cython's `cython` module where Cython is not installed
+    (a pip install builds with it, then leaves it out): the class directives
+    the compiled modules' records carry only matter to the compiler.
+    `no_gc` (records no reference cycle can pass through, left out of the
+    cyclic collector's scans) and `freelist` (their memory reused) must be
+    written on the class in the .py: in a .pxd, Cython ignores them."""
+
+    @staticmethod
+    def cclass(cls):
+        return cls
+
+    @staticmethod
+    def no_gc(cls):
+        return cls
+
+    @staticmethod
+    def freelist(size: int):
+        return lambda cls: cls
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

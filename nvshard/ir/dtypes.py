@@ -22,6 +22,8 @@ class DataType(enum.Enum):
     def __init__(self, printed: str, torch_dtype):
         self.printed = printed
         self.torch_dtype = torch_dtype
+        # read once: every tensor's cost signature asks, and torch answers slowly
+        self._itemsize = None if torch_dtype is None else torch_dtype.itemsize
 
     def __str__(self) -> str:
         return self.printed
@@ -43,9 +45,9 @@ class DataType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        if self.torch_dtype is None:
+        if self._itemsize is None:
             raise TypeError(f"{self!r} has no item size")
-        return self.torch_dtype.itemsize
+        return self._itemsize
 
     @staticmethod
     def from_torch(dtype: torch.dtype) -> "DataType":

@@ -21,6 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..ops.registry import FactorKind
 from .projection import Role, axis_factors
 from .proposals import Direction
@@ -32,6 +37,8 @@ _PASS, _SUM = FactorKind.PASS, FactorKind.SUM
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
 
 
+@cython.no_gc
+@cython.cclass
 @dataclass(eq=False)
 class Link:
     """Where a decision on one axis spreads: the expr and the linked axes on

@@ -18,6 +18,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .cost import Cost, remembered_key
@@ -28,6 +33,8 @@ from .proposals import Choice, Direction, compete
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
 
 
+@cython.no_gc
+@cython.cclass
 @dataclass
 class Scored:
     """A conflict candidate and what decides its rank."""

@@ -10,7 +10,6 @@ from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.reshard cimport NumelModel, plan_reshard
 
 
-@cython.freelist(64)
 cdef class Cost:
     cdef public object weight, other, symbolic
     cdef public list steps

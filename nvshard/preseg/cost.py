@@ -15,6 +15,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Optional
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..ir.nodes import TensorView
 from .program import TvState
 from .projection import annotated_sum, arriving_state, plan_compute, resolved, rule_text, same_state
@@ -26,6 +31,9 @@ SYMBOLIC_EXTENT_GUESS = 2048
 MAX_COMPLETIONS = 64
 
 
+@cython.no_gc
+@cython.freelist(64)
+@cython.cclass
 @dataclass(init=False)
 class Cost:
     __slots__ = ("weight", "other", "symbolic", "steps")

@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..multidevice import layout
 
 
@@ -55,6 +60,9 @@ class DecisionLog:
         return "\n".join(entry.text() for entry in self.entries)
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 @dataclass(eq=False)
 class LoggedDecision:
     """One decision, formatted when read. (A plain record, not a closure over
@@ -80,6 +88,8 @@ class LoggedDecision:
         return line + (f"; chosen in a conflict ({self.why})" if self.why else "")
 
 
+@cython.no_gc
+@cython.cclass
 @dataclass(eq=False)
 class LoggedConflict:
     """A conflict resolved at one tensor: how many candidates, why the winner won."""
@@ -107,6 +117,8 @@ class LoggedConflict:
         return "\n".join(lines)
 
 
+@cython.no_gc
+@cython.cclass
 @dataclass(eq=False)
 class LoggedNote:
     """Something the log says about a tensor that is not a decision."""

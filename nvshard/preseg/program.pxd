@@ -4,7 +4,6 @@ cimport cython
 
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 
-@cython.freelist(256)
 cdef class TvState:
     cdef public object mesh, layouts
 

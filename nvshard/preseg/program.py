@@ -16,6 +16,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..ir import nodes
 from ..ir.nodes import Expr, IterDomain, NvShardError, ParallelType, TensorView
 from ..ir.printer import format_math
@@ -23,6 +28,9 @@ from ..ir.sizes import Size
 from ..multidevice import layout
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 @dataclass(init=False)
 class TvState:
     mesh: object  # DeviceMesh or None (present on every device)

@@ -4,30 +4,25 @@ cimport cython
 
 from nvshard.multidevice cimport layout
 
-@cython.freelist(256)
 cdef class Proposal:
     cdef public object tv, axis, digits, mesh, priority, stage, expr, factor, source, direction, reduction
     cdef public object mesh_axes, key
 
-@cython.freelist(256)
 cdef class Choice:
     cdef public object axis, digits, mesh, priority, stage, reduction
     cdef public list sources
     cdef public object mesh_axes
 
-@cython.freelist(256)
 cdef class Decision:
     cdef public object digits, priority, stage, source
 
 cpdef bint compete(Choice a, Choice b) except -1
 
-@cython.freelist(256)
 cdef class Opinion:
     cdef public object digits, tv, priority, role, mesh, compound, linked
 
 
 # One per propagated decision, kept by the plan's log.
-@cython.freelist(256)
 cdef class Propagated:
     cdef public object direction, expr, factor, tensors
 

@@ -13,6 +13,11 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Union
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .projection import Role
@@ -66,6 +71,9 @@ def direction_between(src_role, dst_role) -> Direction:
     return _SIDEWAYS
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 @dataclass(eq=False)
 class Opinion:
     """The layout one tensor of an expr has on one factor."""
@@ -79,6 +87,9 @@ class Opinion:
     linked: bool  # read off an axis of a pass-through class (classes.py)
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 @dataclass(eq=False)
 class Proposal:
     tv: object
@@ -102,6 +113,9 @@ class Proposal:
             self.key = layout.key(self.digits)
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 @dataclass(eq=False, init=False)
 class Choice:
     """A layout for one axis of a tensor, with every proposal that offers it."""
@@ -162,6 +176,9 @@ class Unreached:
         return "nothing proposed: replicated"
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 class Propagated:
     """Carried through an expr by the choice's first proposal (or chosen with
     no proposal behind it, in a conflict). Keeps only what its text needs
@@ -201,6 +218,9 @@ def propagated_through(via: tuple, tensors: list) -> Propagated:
 Source = Union[Annotation, UnannotatedInput, Unreached, Propagated]
 
 
+@cython.no_gc
+@cython.freelist(256)
+@cython.cclass
 @dataclass
 class Decision:
     digits: tuple

@@ -28,6 +28,30 @@ def test_the_engine_modules_run_compiled_unless_asked_not_to():
                 f"{module} runs from its source ({native.status()[module]}); run tools/nvshard setup")
 
 
+@pytest.mark.skipif(PURE, reason="the class directives only act on the compiled records")
+def test_compiled_records_skip_the_cyclic_collector():
+    """Records no cycle passes through are left out of the collector's scans:
+    the directive is on the class in the .py (Cython ignores it in a .pxd)."""
+    import gc
+
+    from nvshard.preseg.cost import Cost
+    from nvshard.preseg.program import TvState
+    from nvshard.preseg.proposals import Decision, propagated_through
+
+    records = [TvState(None, [()]), Cost(symbolic=False), Decision((), 0, 0, None),
+               propagated_through((None, None, None), [])]
+    assert [type(r).__name__ for r in records if gc.is_tracked(r)] == []
+
+
+def test_python_directives_leave_classes_as_they_are():
+    """Without Cython the records are the plain classes they are written as."""
+    class Record:
+        pass
+
+    directives = native.PythonDirectives
+    assert directives.no_gc(directives.freelist(8)(directives.cclass(Record))) is Record
+
+
 def _fake_tree(tmp_path, built=True):
     """A package tree holding every compiled module's source, an extension
     file for each and the build manifest, as setup.py leaves them."""
