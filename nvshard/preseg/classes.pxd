@@ -11,8 +11,9 @@ from nvshard.preseg.projection cimport AxisFactors, axis_factors
 cdef class Link:
     cdef public object expr
     cdef public tuple members
+    cdef public dict _ends
 
-    @cython.locals(m=AxisFactors)
+    @cython.locals(m=AxisFactors, known=list)
     cpdef list ends(self, tv)
 
 
@@ -24,13 +25,18 @@ cdef class PassThroughClasses:
     @cython.locals(e=Expr)
     cpdef _link_all(self, Program program, set frozen, dict home)
 
-    @cython.locals(slots=list, links=dict, axes=tuple, a=AxisFactors, s=AxisFactors, link=Link, positions=list,
-                   members=list, i=Py_ssize_t, per_axis=list)
+    @cython.locals(slots=list, links=dict, a=AxisFactors, link=Link, per_axis=list, made_links=list)
     cpdef _link_expr(self, Expr expr, rule, set frozen, dict home)
 
     @cython.locals(per_axis=list)
     cpdef of(self, tv, axis)
 
+
+@cython.locals(made=list, positions=list, members=list, i=Py_ssize_t, s=AxisFactors, axes=tuple)
+cpdef tuple _make_links(Expr expr, list slots, list groups, frozen, dict home)
+
+@cython.locals(s=AxisFactors)
+cpdef bint _open_one_stage(list slots, set frozen, dict home) except -1
 
 @cython.locals(i=Py_ssize_t, s=AxisFactors)
 cpdef bint _one_stage(list members, list slots, dict home, stage) except -1

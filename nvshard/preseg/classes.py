@@ -9,7 +9,10 @@ contraction factor links nothing: what crosses a contraction waits for all
 its operands (engine.py), so it is decided where classes meet.
 
 A class is what the links join (union-find groups them when asked, for
-tests and tools; the engine needs only the links). The engine spreads a
+tests and tools; the engine needs only the links). When none of an expr's
+tensors is annotated and all are in one stage, as nearly always, its links
+are its rule's structure alone: they are made once and kept with the rule,
+and each plan only files them under their tensors. The engine spreads a
 decision along its class's links in one pass, a link layer at a time (so
 waves that meet compete as they would through proposals), without
 recomputing the proposals of the exprs in between; the exprs where classes
@@ -19,7 +22,6 @@ proposing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 try:
     import cython
@@ -37,27 +39,37 @@ _PASS, _SUM = FactorKind.PASS, FactorKind.SUM
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
 
 
-@cython.no_gc
 @cython.cclass
-@dataclass(eq=False)
 class Link:
     """Where a decision on one axis spreads: the expr and the linked axes on
-    its factor (AxisFactors; one Link shared by all of them)."""
+    its factor (AxisFactors; one Link shared by all of them). Pure structure
+    of the expr's rule: kept with the rule, from plan to plan."""
 
-    expr: object
-    members: tuple
+    __slots__ = ("expr", "members", "_ends")
 
-    def ends(self, tv):
-        """(other axis, direction) pairs, for a decision on one of tv's axes.
-        A tensor has one role in an expr (an expr never reads its own
-        result); direction_between, unrolled: the spread asks for every link."""
+    def __init__(self, expr, members: tuple):
+        self.expr = expr
+        self.members = members
+        self._ends = {}  # tv -> ends(tv), made when first asked for
+
+    def __repr__(self) -> str:
+        return f"Link({self.expr!r}, {[(m.tv.short_name(), m.axis) for m in self.members]})"
+
+    def ends(self, tv) -> list:
+        """(other axis, direction) pairs, for a decision on one of tv's axes
+        (callers must not change the list). A tensor has one role in an expr
+        (an expr never reads its own result); direction_between, unrolled."""
+        known = self._ends.get(tv)
+        if known is not None:
+            return known
         role = None
         for m in self.members:
             if m.tv is tv:
                 role = m.role
                 break
         across = _FORWARD if role is _OPERAND else _BACKWARD
-        return [(m, _SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
+        known = self._ends[tv] = [(m, _SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
+        return known
 
 
 class PassThroughClasses:
@@ -84,42 +96,31 @@ class PassThroughClasses:
         groups = _pass_groups(rule, slots)
         if not groups:
             return
-        positions = []
+        if _open_one_stage(slots, frozen, home):
+            # The common case: the links are the rule's structure alone, made
+            # once per rule (kept with it, as its axis factors are).
+            made = rule.cache.get("open_links")
+            if made is None:
+                made = rule.cache["open_links"] = _make_links(expr, slots, groups, _NOTHING_FROZEN, {})
+        else:
+            made = _make_links(expr, slots, groups, frozen, home)
+        made_links, positions = made
+        if not made_links:
+            return
         links = self.links
-        for group in groups:
-            members = []
-            for i in group:
-                s = slots[i]
-                if s.tv not in frozen:
-                    members.append(i)
-            if len(members) < 2:
-                continue
-            s = slots[members[0]]
-            stage = home.get(s.tv)
-            if _one_stage(members, slots, home, stage):
-                parts = [members]
-            else:  # a stage cut: each stage's axes link among themselves
-                stages = {home.get(slots[i].tv) for i in members}
-                parts = [[i for i in members if home.get(slots[i].tv) == mesh] for mesh in stages]
-            for part in parts:
-                axes = tuple([slots[i] for i in part])
-                if _one_tensor(axes):
-                    continue  # one tensor (x * x) links nothing
-                link = Link(expr, axes)
-                for a in axes:
-                    per_axis = links.get(a.tv)
-                    if per_axis is None:
-                        per_axis = links[a.tv] = [None] * len(a.tv.logical)
-                    out = per_axis[a.axis]
-                    if out is None:
-                        per_axis[a.axis] = [link]
-                    else:
-                        out.append(link)
-                positions += part
-        if positions:
-            self.linked_positions[expr] = frozenset(positions)
-            if len(positions) == len(slots):
-                self.internal.add(expr)
+        for link in made_links:
+            for a in link.members:
+                per_axis = links.get(a.tv)
+                if per_axis is None:
+                    per_axis = links[a.tv] = [None] * len(a.tv.logical)
+                out = per_axis[a.axis]
+                if out is None:
+                    per_axis[a.axis] = [link]
+                else:
+                    out.append(link)
+        self.linked_positions[expr] = positions
+        if len(positions) == len(slots):
+            self.internal.add(expr)
 
     def of(self, tv, axis: int):
         """The links of one axis (None: unlinked)."""
@@ -164,6 +165,46 @@ class PassThroughClasses:
         linked = self._linked_axes()
         roots = {self._find(s) for s in linked}
         return len(roots), len(linked)
+
+
+_NOTHING_FROZEN: frozenset = frozenset()
+
+
+def _make_links(expr, slots: list, groups: list, frozen, home: dict) -> tuple:
+    """([Link], frozenset of the linked positions) of expr: per pass-through
+    group, its axes not annotated, split by pipeline stage."""
+    made, positions = [], []
+    for group in groups:
+        members = []
+        for i in group:
+            s = slots[i]
+            if s.tv not in frozen:
+                members.append(i)
+        if len(members) < 2:
+            continue
+        s = slots[members[0]]
+        stage = home.get(s.tv)
+        if _one_stage(members, slots, home, stage):
+            parts = [members]
+        else:  # a stage cut: each stage's axes link among themselves
+            stages = {home.get(slots[i].tv) for i in members}
+            parts = [[i for i in members if home.get(slots[i].tv) == mesh] for mesh in stages]
+        for part in parts:
+            axes = tuple([slots[i] for i in part])
+            if _one_tensor(axes):
+                continue  # one tensor (x * x) links nothing
+            made.append(Link(expr, axes))
+            positions += part
+    return made, frozenset(positions)
+
+
+def _open_one_stage(slots: list, frozen: set, home: dict) -> bool:
+    """Whether no tensor of the expr is annotated and all are in one stage."""
+    stage = home.get(slots[0].tv)
+    for s in slots:
+        if s.tv in frozen or home.get(s.tv) != stage:
+            return False
+    return True
 
 
 def _one_stage(members: list, slots: list, home: dict, stage) -> bool:

@@ -66,6 +66,23 @@ def test_pass_through_axes_form_one_class_and_contractions_separate_them():
     assert classes.count() == (4, 12)  # chain rows, chain columns, out/after rows, out/after columns
 
 
+def test_links_are_made_once_per_rule_and_follow_a_new_annotation():
+    """An expr's links are its rule's structure: a second plan reuses them.
+    Annotating a tensor inside a class later makes it a source there, never
+    a member (the links of the exprs around it are made for that plan)."""
+    fd, chain, out, after = _chain(4)
+    shapes = [[8, 16], [4, 16]]
+    first, second = _engine(fd, shapes).classes, _engine(fd, shapes).classes
+    assert [id(link) for link in second.of(chain[2], 0)] == [id(link) for link in first.of(chain[2], 0)]
+    _shard(chain[2], 1, _mesh(2))
+    third = _engine(fd, shapes).classes
+    assert chain[2] not in third.links
+    # the chain splits at the annotated tensor: chain[1] is left alone, chain[3:] one class
+    assert third.of(chain[1], 0) is None
+    assert third.class_of(chain[3], 0) == third.class_of(chain[4], 0)
+    assert first.count() == (4, 12) and third.count() == (4, 8)
+
+
 def test_a_class_takes_its_sharding_in_one_spread():
     fd, chain, out, after = _chain(6)
     engine = _engine(fd, [[8, 16], [4, 16]])
