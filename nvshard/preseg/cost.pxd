@@ -18,7 +18,7 @@ cdef class Cost:
 
 
 cdef class _RememberingNumel(NumelModel):
-    cdef public dict _signatures, _axes
+    cdef public dict _signatures, _extents
     cdef public object _sizes
 
     cpdef tuple signature(self, tv)
@@ -56,7 +56,7 @@ cdef class CostModel:
 
 
 @cython.locals(id_=IterDomain, axes=list, known=tuple)
-cpdef tuple _signature(TensorView tv, sizes, dict axes_seen)
+cpdef tuple _signature(TensorView tv, sizes, dict extents)
 
 cpdef _axis_size(IterDomain id_)
 

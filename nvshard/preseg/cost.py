@@ -271,35 +271,34 @@ class _RememberingNumel(NumelModel):
     """A NumelModel that computes each tensor's signature once per plan
     (every reshard plan looks it up), as NumelModel.signature does."""
 
-    __slots__ = ("_signatures", "_sizes", "_axes")
+    __slots__ = ("_signatures", "_sizes", "_extents")
 
     def __init__(self, sizes):
         # a function of the sizes, not a bound method: no cycle through self
         super().__init__(functools.partial(_extent, sizes))
         self._sizes = sizes
         self._signatures: dict = {}
-        # (id(size), id(iter type)) -> (size, an axis's part of a signature): axes
-        # share Size objects, so few differ (the entry keeps the size alive,
-        # so its id is not reused)
-        self._axes: dict = {}
+        # id(size) -> (size, its value): axes share Size objects, so few differ
+        # (the entry keeps the size alive, so its id is not reused)
+        self._extents: dict = {}
 
     def signature(self, tv) -> tuple:
         sig = self._signatures.get(tv)
         if sig is None:
-            sig = self._signatures[tv] = _signature(tv, self._sizes, self._axes)
+            sig = self._signatures[tv] = _signature(tv, self._sizes, self._extents)
         return sig
 
 
-def _signature(tv, sizes, axes_seen: dict) -> tuple:
-    """NumelModel.signature of tv, each axis's part kept in `axes_seen`."""
+def _signature(tv, sizes, extents: dict) -> tuple:
+    """NumelModel.signature of tv, each Size's value kept in `extents`."""
     axes = []
     for id_ in tv.logical:
         size = _axis_size(id_)
-        key = (id(size), id(id_.iter_type))  # (ids: an Enum member hashes by running Python code)
-        known = axes_seen.get(key)
+        # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
+        known = extents.get(id(size))
         if known is None:
-            known = axes_seen[key] = (size, (id_.is_reduction(), id_.is_broadcast(), _size_value(sizes, size)))
-        axes.append(known[1])
+            known = extents[id(size)] = (size, _size_value(sizes, size))
+        axes.append((id_.is_reduction(), id_.is_broadcast(), known[1]))
     return (tv.dtype().itemsize, tuple(axes))
 
 
