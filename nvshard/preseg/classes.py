@@ -202,7 +202,10 @@ def _open_one_stage(slots: list, frozen: set, home: dict) -> bool:
     """Whether no tensor of the expr is annotated and all are in one stage."""
     stage = home.get(slots[0].tv)
     for s in slots:
-        if s.tv in frozen or home.get(s.tv) != stage:
+        if s.tv in frozen:
+            return False
+        mesh = home.get(s.tv)
+        if mesh is not stage and mesh != stage:  # (identity first: the common case)
             return False
     return True
 

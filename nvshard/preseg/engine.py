@@ -60,6 +60,8 @@ _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
 _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
 _ANNOTATION = Stage.ANNOTATION
+# Sources with nothing to say but what they are: one each (frozen, so sharing them is safe).
+_UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
 
 
 class Engine:
@@ -128,7 +130,7 @@ class Engine:
                 self.frozen.add(tv)
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                self.decided[tv] = [Decision((), 0, _ANNOTATION, UnannotatedInput()) for _ in range(n)]
+                self.decided[tv] = [Decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT) for _ in range(n)]
                 self.mesh[tv] = None
                 self.frozen.add(tv)
             else:
@@ -658,7 +660,7 @@ class Engine:
         for tv in self.p.state:
             for k, d in enumerate(self.decided[tv]):
                 if d is None:
-                    self.decided[tv][k] = Decision((), self.level, _ANNOTATION, Unreached())
+                    self.decided[tv][k] = Decision((), self.level, _ANNOTATION, _UNREACHED)
         self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]
