@@ -573,6 +573,7 @@ class Fusion:
         self._id_counter = 0
         self._sym_counter = 0
         self._scalar_counter = 0
+        self._tvs = None  # ((inputs, exprs) counted, the tensors then): see tvs()
 
     # -- nvfuser_direct API ------------------------------------------------------
     def inputs(self) -> list[Val]:
@@ -652,6 +653,12 @@ class Fusion:
                 changed = True
 
     def tvs(self) -> list[TensorView]:
+        """Every tensor, inputs first, then in definition order. A fusion
+        only grows (add_input and add_expr append), so the list is kept
+        until it does: every plan of the fusion asks for it twice."""
+        grown = (len(self._inputs), len(self.exprs))
+        if self._tvs is not None and self._tvs[0] == grown:
+            return list(self._tvs[1])
         seen: dict = {}  # insertion-ordered set
         for v in self._inputs:
             if isinstance(v, TensorView):
@@ -661,7 +668,9 @@ class Fusion:
                 seen[v] = None
             for v in e.tv_outputs:
                 seen[v] = None
-        return list(seen)
+        tvs = list(seen)
+        self._tvs = (grown, tvs)
+        return list(tvs)
 
 
 

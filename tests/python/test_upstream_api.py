@@ -20,6 +20,21 @@ def mesh(d=D):
     return nvfuser.multidevice.DeviceMesh(torch.arange(d))
 
 
+def test_a_fusion_lists_tensors_defined_after_it_was_last_asked():
+    """Fusion.tvs() is kept between calls (every plan asks twice) until
+    the fusion grows: a tensor or an input defined later is listed."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 8], dtype=DataType.Float)
+        y = fd.ops.relu(x)
+        first = fd.fusion.tvs()
+        first.append("not kept")  # callers get their own list
+        z = fd.ops.neg(y)
+        w = fd.define_tensor([4, 8], dtype=DataType.Float)
+        fd.add_output(fd.ops.add(z, w))
+    assert first[:2] == [x, y]
+    assert fd.fusion.tvs()[:4] == [x, w, y, z] and len(fd.fusion.tvs()) == 5
+
+
 # -- PythonProfiler ------------------------------------------------------------------------
 
 
