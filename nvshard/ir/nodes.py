@@ -573,7 +573,7 @@ class Fusion:
         self._id_counter = 0
         self._sym_counter = 0
         self._scalar_counter = 0
-        self._tvs = None  # ((inputs, exprs) counted, the tensors then): see tvs()
+        self._kept = None  # ((inputs, exprs) counted, {name: value}): see kept()
 
     # -- nvfuser_direct API ------------------------------------------------------
     def inputs(self) -> list[Val]:
@@ -652,27 +652,36 @@ class Fusion:
                 bind_static(sym, value)
                 changed = True
 
-    def tvs(self) -> list[TensorView]:
-        """Every tensor, inputs first, then in definition order. A fusion
-        only grows (add_input and add_expr append), so the list is kept
-        until it does: every plan of the fusion asks for it twice."""
+    def kept(self, name: str, make, *args):
+        """make(*args), kept with the fusion until it grows: for what is
+        derived from its inputs and exprs alone (not from annotations or
+        sizes), which every plan of the fusion would derive again. A fusion
+        only grows (add_input and add_expr append); callers must not change
+        what they get."""
         grown = (len(self._inputs), len(self.exprs))
-        if self._tvs is not None and self._tvs[0] == grown:
-            return list(self._tvs[1])
-        seen: dict = {}  # insertion-ordered set
-        for v in self._inputs:
-            if isinstance(v, TensorView):
-                seen[v] = None
-        for e in self.exprs:
-            for v in e.tv_inputs:
-                seen[v] = None
-            for v in e.tv_outputs:
-                seen[v] = None
-        tvs = list(seen)
-        self._tvs = (grown, tvs)
-        return list(tvs)
+        if self._kept is None or self._kept[0] != grown:
+            self._kept = (grown, {})
+        values = self._kept[1]
+        if name not in values:
+            values[name] = make(*args)
+        return values[name]
+
+    def tvs(self) -> list[TensorView]:
+        """Every tensor, inputs first, then in definition order."""
+        return list(self.kept("tvs", _tensors_of, self))
 
 
+def _tensors_of(fusion) -> list:
+    seen: dict = {}  # insertion-ordered set
+    for v in fusion._inputs:
+        if isinstance(v, TensorView):
+            seen[v] = None
+    for e in fusion.exprs:
+        for v in e.tv_inputs:
+            seen[v] = None
+        for v in e.tv_outputs:
+            seen[v] = None
+    return list(seen)
 
 
 class _NotStatic(Exception):

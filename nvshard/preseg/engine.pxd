@@ -131,6 +131,10 @@ cpdef unsigned long long _mix(unsigned long long h, unsigned long long x)
 
 cpdef object _number(TensorView tv)
 
+cpdef tuple _graph_structure(Program program)
+
+cpdef tuple _derive_graph_structure(Program program)
+
 @cython.locals(adjacent=dict, e=Expr, o=TensorView, t=TensorView)
 cpdef dict _adjacency(program)
 

@@ -95,8 +95,8 @@ class Engine:
         self._conflicted: set = set()
         self._conflict_heap: list = []
         self._heap_counter = 0
-        self.adjacent = _adjacency(program)
-        self._reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
+        # (read only: kept with the fusion, see _graph_structure)
+        self.adjacent, self._reduction_axes, self.depth, self.canon = _graph_structure(program)
         # tv -> mesh axes its decided iteration (reduction) axes use, until they change
         self._used_iteration: dict = {}
         self._used_reduction: dict = {}
@@ -105,7 +105,6 @@ class Engine:
         self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
         self._changed_axes: dict = {}  # tv -> axes decided since the last refresh
         self._refresh_by_factor = refresh_by_factor
-        self.depth, self.canon = _structure(program)
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
         self._seed()
@@ -701,6 +700,23 @@ def _offered_in(m, proposals: list) -> bool:
 
 def _number(tv) -> int:
     return tv.number
+
+
+def _graph_structure(program: Program) -> tuple:
+    """(adjacency, reduction flags per tensor, depth, structural key): the
+    fusion's structure alone, so kept with it (Fusion.kept) while the
+    program's exprs are still the fusion's, as they are when propagation
+    starts."""
+    fusion = program.fusion
+    if program.exprs == fusion.exprs:
+        return fusion.kept("engine graph structure", _derive_graph_structure, program)
+    return _derive_graph_structure(program)
+
+
+def _derive_graph_structure(program: Program) -> tuple:
+    depth, canon = _structure(program)
+    reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
+    return _adjacency(program), reduction_axes, depth, canon
 
 
 def _adjacency(program: Program) -> dict:
