@@ -22,7 +22,10 @@ cdef class Program:
     cdef public set input_set
     cdef public dict state, _rendered, _rules, producer, consumers, _positions
 
-    @cython.locals(e=Expr, o=TensorView, i=TensorView, readers=list, producer=dict, consumers=dict)
     cpdef index(self)
 
     cpdef rule(self, expr)
+
+
+@cython.locals(e=Expr, o=TensorView, i=TensorView, readers=list, producer=dict, consumers=dict)
+cpdef tuple _index(list exprs, tvs)

@@ -99,24 +99,15 @@ class Program:
         self._id_counter = fusion._id_counter
         self._rendered: dict = {}
         self._rules: dict = {}
-        self.producer: dict[TensorView, Expr] = {}
-        self.consumers: dict[TensorView, list[Expr]] = {}
         self._positions = None  # expr -> its index in the definition, made when first asked for
-        self.index()
+        # The fusion's own producers and consumers until a pass changes the
+        # exprs (then index() again): kept with the fusion, read only.
+        self.producer, self.consumers = fusion.kept("program index", _index, self.exprs, state)
 
     # -- graph queries -----------------------------------------------------------
     def index(self) -> None:
-        producer, consumers = {}, {tv: [] for tv in self.state}
-        for e in self.exprs:
-            for o in e.tv_outputs:
-                producer[o] = e
-            for i in e.tv_inputs:
-                readers = consumers.get(i)
-                if readers is None:
-                    consumers[i] = [e]
-                else:
-                    readers.append(e)
-        self.producer, self.consumers = producer, consumers
+        """Producers and consumers of the program as it is now."""
+        self.producer, self.consumers = _index(self.exprs, self.state)
 
     def tvs(self) -> list[TensorView]:
         return list(self.state)
@@ -214,6 +205,22 @@ def indivisible(tv: TensorView, k: int, digits, extent: int, mesh) -> NvShardErr
         f"{'*'.join('DID' + m for m in layout.mesh_axes_of(digits))} "
         f"({layout.local_numel_divisor(digits, sizes)} devices)"
     )
+
+
+def _index(exprs: list, tvs) -> tuple:
+    """(producer per tensor, consumers per tensor, once per read in program
+    order) of the exprs."""
+    producer, consumers = {}, {tv: [] for tv in tvs}
+    for e in exprs:
+        for o in e.tv_outputs:
+            producer[o] = e
+        for i in e.tv_inputs:
+            readers = consumers.get(i)
+            if readers is None:
+                consumers[i] = [e]
+            else:
+                readers.append(e)
+    return producer, consumers
 
 
 def _concrete(tv: TensorView, k: int, digits, sizes):

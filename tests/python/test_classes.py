@@ -84,17 +84,20 @@ def test_links_are_made_once_per_rule_and_follow_a_new_annotation():
 
 
 def test_the_engine_keeps_the_fusion_structure_until_the_fusion_grows():
-    """Adjacency, depth and structural keys are the fusion's structure: a
-    second plan reuses them, and a fusion that grew gets them anew."""
+    """Adjacency, depth, structural keys and the program's producers and
+    consumers are the fusion's structure: a second plan reuses them, and a
+    fusion that grew gets them anew."""
     fd, chain, out, after = _chain(2)
     shapes = [[8, 16], [4, 16]]
     first, second = _engine(fd, shapes), _engine(fd, shapes)
     assert second.adjacent is first.adjacent and second.canon is first.canon
+    assert second.p.consumers is first.p.consumers  # (the program's index, as long as its exprs are the fusion's)
     extra = fd.fusion.add_expr(fd.fusion.exprs[-1].op, list(fd.fusion.exprs[-1].inputs), [after.fusion.new_tv(
         after.dtype(), [after.fusion.new_id(i.extent()) for i in after.logical])])
     grown = _engine(fd, shapes)
     assert grown.adjacent is not first.adjacent
     assert grown.adjacent[out] == first.adjacent[out] + [extra]  # (it reads what the last expr reads)
+    assert grown.p.consumers[out] == first.p.consumers[out] + [extra]
 
 
 def test_a_class_takes_its_sharding_in_one_spread():
