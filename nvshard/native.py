@@ -77,6 +77,7 @@ class PythonDirectives:
     def freelist(size: int):
         return lambda cls: cls
 
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -22,7 +22,6 @@ proposing.
 
 from __future__ import annotations
 
-
 try:
     import cython
 except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
