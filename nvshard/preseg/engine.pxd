@@ -131,6 +131,12 @@ cpdef unsigned long long _mix(unsigned long long h, unsigned long long x)
 
 cpdef object _number(TensorView tv)
 
+@cython.locals(rules=list, last=list, e=Expr)
+cpdef PassThroughClasses _pass_through_classes(Program program, set frozen, dict home)
+
+@cython.locals(i=Py_ssize_t)
+cpdef bint _same_objects(list a, list b) except -1
+
 cpdef tuple _graph_structure(Program program)
 
 cpdef tuple _derive_graph_structure(Program program)

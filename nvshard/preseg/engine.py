@@ -108,7 +108,8 @@ class Engine:
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
         self._seed()
-        self.classes = PassThroughClasses(program if spread_classes else None, self.frozen, self.home)
+        self.classes = (_pass_through_classes(program, self.frozen, self.home) if spread_classes
+                        else PassThroughClasses(None, self.frozen, self.home))
 
     # -- setup ------------------------------------------------------------------------
     def _seed(self) -> None:
@@ -717,6 +718,36 @@ def _derive_graph_structure(program: Program) -> tuple:
     depth, canon = _structure(program)
     reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
     return _adjacency(program), reduction_axes, depth, canon
+
+
+def _pass_through_classes(program: Program, frozen: set, home: dict) -> PassThroughClasses:
+    """The program's pass-through classes. They follow from the fusion's
+    structure, its annotations (which tensors are frozen, each one's stage
+    mesh) and its rules (which concrete sizes may change): the last ones
+    made are kept with the fusion (read only) and serve the next plan whose
+    annotations and rules are the same."""
+    fusion = program.fusion
+    if program.exprs != fusion.exprs:
+        return PassThroughClasses(program, frozen, home)
+    rules = [program.rule(e) for e in program.exprs if e.tv_outputs]
+    last = fusion.kept("pass-through classes", list)  # [(frozen, home, rules, classes)] once made
+    if last:
+        kept_frozen, kept_home, kept_rules, classes = last[0]
+        if kept_frozen == frozen and kept_home == home and _same_objects(kept_rules, rules):
+            return classes
+    classes = PassThroughClasses(program, frozen, home)
+    last[:] = [(set(frozen), dict(home), rules, classes)]
+    return classes
+
+
+def _same_objects(a: list, b: list) -> bool:
+    """Whether the lists hold the same objects, in order."""
+    if len(a) != len(b):
+        return False
+    for i in range(len(a)):
+        if a[i] is not b[i]:
+            return False
+    return True
 
 
 def _adjacency(program: Program) -> dict:

@@ -11,7 +11,7 @@ from nvshard import DataType, FusionDefinition
 from nvshard.preseg.cost import CostModel
 from nvshard.preseg.engine import Engine
 from nvshard.preseg.log import DecisionLog
-from nvshard.preseg.pipeline import _sizes
+from nvshard.preseg.pipeline import _sizes, build_plan
 from nvshard.preseg.program import Program
 
 from fusion_strategies import FusionCase, fusions
@@ -67,15 +67,19 @@ def test_pass_through_axes_form_one_class_and_contractions_separate_them():
 
 
 def test_links_are_made_once_per_rule_and_follow_a_new_annotation():
-    """An expr's links are its rule's structure: a second plan reuses them.
-    Annotating a tensor inside a class later makes it a source there, never
-    a member (the links of the exprs around it are made for that plan)."""
+    """A second plan with the same annotations and rules reuses the classes;
+    an expr's links are its rule's structure, reused even when the classes
+    are made anew. Annotating a tensor inside a class later makes it a
+    source there, never a member (the links of the exprs around it are
+    made for that plan)."""
     fd, chain, out, after = _chain(4)
     shapes = [[8, 16], [4, 16]]
     first, second = _engine(fd, shapes).classes, _engine(fd, shapes).classes
-    assert [id(link) for link in second.of(chain[2], 0)] == [id(link) for link in first.of(chain[2], 0)]
+    assert second is first
     _shard(chain[2], 1, _mesh(2))
     third = _engine(fd, shapes).classes
+    assert third is not first
+    assert [id(link) for link in third.of(chain[4], 0)] == [id(link) for link in first.of(chain[4], 0)]
     assert chain[2] not in third.links
     # the chain splits at the annotated tensor: chain[1] is left alone, chain[3:] one class
     assert third.of(chain[1], 0) is None
@@ -159,3 +163,30 @@ def test_class_spread_decides_as_proposals_do(case: FusionCase):
     programs every tensor ends with the sharding proposals alone give it.
     (tools/plan_census.py compares 3,000 more, by bytes.)"""
     assert _state(case, True) == _state(case, False)
+
+
+def _reshaped():
+    """x (annotated) -> relu -> reshape [-1, 4] -> neg -> relu: how the
+    reshape splits axes, and so its rule, depends on the concrete sizes."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        y = fd.ops.reshape(fd.ops.relu(x), new_shape=[-1, 4])
+        fd.add_output(fd.ops.relu(fd.ops.neg(y)))
+        _shard(x, 0, _mesh(2))
+    return fd
+
+
+def test_replanning_a_fusion_at_other_shapes_matches_a_fresh_definition():
+    """What is kept between plans (with each rule, with the fusion) is kept
+    by what it depends on: plans of one fusion at alternating shapes equal
+    those of a fresh definition at each shape, logs and communications included."""
+    def planned(fd, shapes):
+        plan = build_plan(fd.fusion, shapes, None, "default")
+        return plan.log.text(), [str(e) for e in plan.program.exprs]
+
+    order = ([[4, 4]], [[4, 8]], [[4, 4]], [[16, 4]], [[4, 8]])  # (at [4, 4] the reshape keeps both axes whole)
+    fd = _reshaped()
+    again = [planned(fd, shapes) for shapes in order]
+    fresh = [planned(_reshaped(), shapes) for shapes in order]
+    assert again == fresh
+    assert len({log for log, _ in fresh}) == 2  # the shapes do change the plan
