@@ -12,7 +12,9 @@ A class is what the links join (union-find groups them when asked, for
 tests and tools; the engine needs only the links). When none of an expr's
 tensors is annotated and all are in one stage, as nearly always, its links
 are its rule's structure alone: they are made once and kept with the rule,
-and each plan only files them under their tensors. The engine spreads a
+and each plan only files them under their tensors (the engine keeps the
+classes themselves with the fusion, for the next plan with the same
+annotations and rules). The engine spreads a
 decision along its class's links in one pass, a link layer at a time (so
 waves that meet compete as they would through proposals), without
 recomputing the proposals of the exprs in between; the exprs where classes
