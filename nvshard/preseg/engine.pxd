@@ -139,8 +139,6 @@ cpdef bint _same_objects(list a, list b) except -1
 
 cpdef tuple _graph_structure(Program program)
 
-cpdef tuple _derive_graph_structure(Program program)
-
 @cython.locals(adjacent=dict, e=Expr, o=TensorView, t=TensorView)
 cpdef dict _adjacency(program)
 

@@ -95,8 +95,9 @@ class Engine:
         self._conflicted: set = set()
         self._conflict_heap: list = []
         self._heap_counter = 0
-        # (read only: kept with the fusion, see _graph_structure)
-        self.adjacent, self._reduction_axes, self.depth, self.canon = _graph_structure(program)
+        # (read only: kept with the fusion)
+        self.adjacent, self._reduction_axes, self.depth, self.canon = _kept_with_fusion(
+            program, "engine graph structure", _graph_structure, program)
         # tv -> mesh axes its decided iteration (reduction) axes use, until they change
         self._used_iteration: dict = {}
         self._used_reduction: dict = {}
@@ -703,18 +704,19 @@ def _number(tv) -> int:
     return tv.number
 
 
-def _graph_structure(program: Program) -> tuple:
-    """(adjacency, reduction flags per tensor, depth, structural key): the
-    fusion's structure alone, so kept with it (Fusion.kept) while the
+def _kept_with_fusion(program: Program, name: str, make, *args):
+    """make(*args), kept with the program's fusion (Fusion.kept) while the
     program's exprs are still the fusion's, as they are when propagation
-    starts."""
+    starts; made afresh otherwise."""
     fusion = program.fusion
     if program.exprs == fusion.exprs:
-        return fusion.kept("engine graph structure", _derive_graph_structure, program)
-    return _derive_graph_structure(program)
+        return fusion.kept(name, make, *args)
+    return make(*args)
 
 
-def _derive_graph_structure(program: Program) -> tuple:
+def _graph_structure(program: Program) -> tuple:
+    """(adjacency, reduction flags per tensor, depth, structural key): the
+    fusion's structure alone."""
     depth, canon = _structure(program)
     reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
     return _adjacency(program), reduction_axes, depth, canon
@@ -726,11 +728,8 @@ def _pass_through_classes(program: Program, frozen: set, home: dict) -> PassThro
     mesh) and its rules (which concrete sizes may change): the last ones
     made are kept with the fusion (read only) and serve the next plan whose
     annotations and rules are the same."""
-    fusion = program.fusion
-    if program.exprs != fusion.exprs:
-        return PassThroughClasses(program, frozen, home)
     rules = [program.rule(e) for e in program.exprs if e.tv_outputs]
-    last = fusion.kept("pass-through classes", list)  # [(frozen, home, rules, classes)] once made
+    last = _kept_with_fusion(program, "pass-through classes", list)  # [(frozen, home, rules, classes)] once made
     if last:
         kept_frozen, kept_home, kept_rules, classes = last[0]
         if kept_frozen == frozen and kept_home == home and _same_objects(kept_rules, rules):
