@@ -1,8 +1,10 @@
 cimport cython
 # Compiled types for program.py: a tensor's sharding state, and the program
-# (every pass asks it for exprs' rules: typed, a C call).
+# (every pass asks it for exprs' rules: typed, a C call). A state's key runs
+# the layout algebra per axis (every reshard plan is looked up by two): C calls.
 
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
+from nvshard.multidevice cimport layout
 
 cdef class TvState:
     cdef public object mesh, layouts
