@@ -3,9 +3,8 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
-from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState
-from nvshard.preseg.reshard cimport NumelModel, plan_reshard
+from nvshard.preseg.reshard cimport NumelModel, layout_numbers, numbered, plan_reshard
 from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
 
 
@@ -14,7 +13,7 @@ cdef class _Rewrite:
     cdef public NumelModel numel
     cdef public object weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans, layout_keys, tensor_kinds, numbers
+    cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers, kind_numbers
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
     cpdef run(self)
@@ -25,10 +24,6 @@ cdef class _Rewrite:
     @cython.locals(s=TvState, first=dict, tensors=list)
     cpdef _compute_plan(self, Expr expr, list results, list operands)
 
-    @cython.locals(keys=list, known=tuple)
     cpdef tuple _state_key(self, TvState state)
-
-    @cython.locals(numbers=dict)
-    cpdef object _number(self, key)
 
     cpdef object _tensor_kind(self, tv)

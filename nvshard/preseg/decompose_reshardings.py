@@ -10,12 +10,11 @@ are resharded after, the last step writing the original result.
 from __future__ import annotations
 
 from ..ir.nodes import Expr, TensorView
-from ..multidevice import layout
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
 from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
 from .cost import reshard_bytes
-from .reshard import NumelModel, plan_reshard
+from .reshard import NumelModel, layout_numbers, numbered, plan_reshard
 
 
 class DecomposeReshardingsPass:
@@ -36,7 +35,7 @@ class _Rewrite:
     would hold every reshard signature until the collector ran.)"""
 
     __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "tensor_kinds",
-                 "numbers")
+                 "layout_key_numbers", "kind_numbers")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
@@ -48,11 +47,10 @@ class _Rewrite:
         # A question names each tensor's signature and each layout by a small
         # number (the first time one is seen), so that hashing and comparing a
         # question reads a few ints, not nested tuples.
-        self.numbers: dict = {}  # a signature or a layout key -> its number
-        self.tensor_kinds: dict = {}  # tv -> the number of (its signature, annotated_sum)
-        # id(layout) -> (layout, its key's number): propagation hands one layout
-        # object from tensor to tensor (the entry keeps it alive, so its id is not reused)
-        self.layout_keys: dict = {}
+        self.layout_key_numbers: dict = {}  # a layout key -> its number
+        self.kind_numbers: dict = {}  # (a signature, annotated_sum) -> its number
+        self.tensor_kinds: dict = {}  # tv -> its number in kind_numbers
+        self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
 
     def run(self) -> None:
         program, exprs = self.program, self.exprs
@@ -124,33 +122,16 @@ class _Rewrite:
                                                        self._price if self.weigh_alternatives else None)
         return plan
 
-    def _number(self, key) -> int:
-        numbers = self.numbers
-        n = numbers.get(key)
-        if n is None:
-            n = numbers[key] = len(numbers)
-        return n
-
     def _tensor_kind(self, tv) -> int:
         """The number of what plan_compute reads of tv besides its state."""
         n = self.tensor_kinds.get(tv)
         if n is None:
-            n = self.tensor_kinds[tv] = self._number(("tensor", self.numel.signature(tv), annotated_sum(tv)))
+            n = self.tensor_kinds[tv] = numbered(self.kind_numbers, (self.numel.signature(tv), annotated_sum(tv)))
         return n
 
     def _state_key(self, state: TvState) -> tuple:
-        """state.key(), each layout's key as its number (-1: replicated),
-        remembered per layout object."""
-        keys = []
-        for digits in state.layouts:
-            if not digits:
-                keys.append(-1)
-                continue
-            known = self.layout_keys.get(id(digits))
-            if known is None:
-                known = self.layout_keys[id(digits)] = (digits, self._number(("layout", layout.key(digits))))
-            keys.append(known[1])
-        return (state.mesh, tuple(keys))
+        """state.key(), each layout's key as its number (-1: replicated)."""
+        return (state.mesh, layout_numbers(state.layouts, self.layout_keys, self.layout_key_numbers))
 
 
 def _communication(step, src: TensorView, dst: TensorView) -> Expr:

@@ -1,3 +1,5 @@
+import cython
+
 # Compiled types for reshard.py: reshard planning runs the layout algebra per
 # step it weighs, as C calls; the element-count model is an extension type
 # (the cost model and the decomposition ask it for every tensor's signature).
@@ -7,8 +9,8 @@ from nvshard.preseg.program cimport TvState
 
 
 cdef class NumelModel:
-    cdef public object extent
-    cdef public dict plans
+    cdef public object extent, _generation
+    cdef public dict plans, _signature_numbers, _layout_numbers
 
     cpdef tuple signature(self, tv)
 
@@ -18,3 +20,10 @@ cdef class NumelModel:
 
 
 cpdef list plan_reshard(tv, TvState src, TvState dst, NumelModel model)
+
+cpdef tuple plan_key(tv, TvState src, TvState dst, NumelModel model)
+
+@cython.locals(out=list, entry=tuple)
+cpdef tuple layout_numbers(layouts, dict known, dict numbers)
+
+cpdef object numbered(dict numbers, value)

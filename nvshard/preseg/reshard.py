@@ -45,11 +45,17 @@ class NumelModel:
     """Local element counts of a tensor for a state; `extent(tv, k)` is the
     global extent of logical axis k (a number, possibly an estimate)."""
 
-    __slots__ = ("extent", "plans")
+    __slots__ = ("extent", "plans", "_signature_numbers", "_layout_numbers", "_generation")
 
     def __init__(self, extent: Callable):
         self.extent = extent
-        self.plans: dict = {}  # reshard plans by tensor signature and layouts
+        self.plans: dict = {}  # reshard plans by plan_key
+        # What plan_key reads, remembered: tv -> its signature's number, and
+        # id(layout) -> (layout, its key's number) (the entry keeps the layout
+        # alive, so its id is not reused); numbers of _numbers_generation.
+        self._signature_numbers: dict = {}
+        self._layout_numbers: dict = {}
+        self._generation = _numbers_generation
 
     def signature(self, tv) -> tuple:
         """What a reshard plan depends on besides the layouts."""
@@ -77,25 +83,78 @@ class NumelModel:
         return n
 
 
-# Plans by (tensor signature, source, target), shared by every plan of the
-# process: a fusion is planned again for each new set of input shapes, and
-# programs repeat the same reshards. Steps and states are never mutated.
+# Plans by plan_key, shared by every plan of the process: a fusion is planned
+# again for each new set of input shapes, and programs repeat the same
+# reshards. Steps and states are never mutated.
 _SHARED_PLANS: dict = {}
 _SHARED_PLANS_LIMIT = 100_000
+# The numbers plan keys are made of, by value: a signature, a layout's key.
+# Forgotten with the plans (a new generation), so that no key made of old
+# numbers meets a new one.
+_SIGNATURE_NUMBERS: dict = {}
+_LAYOUT_NUMBERS: dict = {}
+_numbers_generation = 0
 
 
 def plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
     """The cheapest sequence of single-mesh-axis steps from src to dst."""
-    key = (model.signature(tv), src.key(), dst.key())
+    global _numbers_generation
+    if len(_SHARED_PLANS) >= _SHARED_PLANS_LIMIT:
+        _SHARED_PLANS.clear()
+        _SIGNATURE_NUMBERS.clear()
+        _LAYOUT_NUMBERS.clear()
+        _numbers_generation += 1
+    if model._generation != _numbers_generation:
+        model.plans.clear()
+        model._signature_numbers.clear()
+        model._layout_numbers.clear()
+        model._generation = _numbers_generation
+    key = plan_key(tv, src, dst, model)
     steps = model.plans.get(key)
     if steps is None:
         steps = _SHARED_PLANS.get(key)
         if steps is None:
-            if len(_SHARED_PLANS) >= _SHARED_PLANS_LIMIT:
-                _SHARED_PLANS.clear()
             steps = _SHARED_PLANS[key] = _plan_reshard(tv, src, dst, model)
         model.plans[key] = steps
     return list(steps)  # the cached list stays untouched
+
+
+def plan_key(tv, src: TvState, dst: TvState, model: NumelModel) -> tuple:
+    """What a reshard plan depends on, as (signature, src.key(), dst.key())
+    would say it, with the signature and each layout's key as a number: a
+    key of a few ints hashes and compares in a few steps (nested tuples of
+    sizes took thousands, and every lookup hashes and compares its key)."""
+    n = model._signature_numbers.get(tv)
+    if n is None:
+        n = model._signature_numbers[tv] = numbered(_SIGNATURE_NUMBERS, model.signature(tv))
+    known = model._layout_numbers
+    return (n, src.mesh, layout_numbers(src.layouts, known, _LAYOUT_NUMBERS), dst.mesh,
+            layout_numbers(dst.layouts, known, _LAYOUT_NUMBERS))
+
+
+def layout_numbers(layouts, known: dict, numbers: dict) -> tuple:
+    """Each layout's key as its number in `numbers` (-1: replicated or open,
+    whose key is ()), remembered in `known` per layout object: propagation
+    hands one layout object from tensor to tensor (the entry keeps it alive,
+    so its id is not reused)."""
+    out = []
+    for digits in layouts:
+        if not digits:
+            out.append(-1)
+            continue
+        entry = known.get(id(digits))
+        if entry is None:
+            entry = known[id(digits)] = (digits, numbered(numbers, layout.key(digits)))
+        out.append(entry[1])
+    return tuple(out)
+
+
+def numbered(numbers: dict, value) -> int:
+    """value's number in `numbers` (the next one when it is new)."""
+    n = numbers.get(value)
+    if n is None:
+        n = numbers[value] = len(numbers)
+    return n
 
 
 def _plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:

@@ -109,3 +109,53 @@ def test_remembered_signatures_are_numel_models():
                 checked |= {(id_.is_broadcast(), id_.is_reduction(), sizes is None) for id_ in tv.logical}
     assert checked == {(b, r, s) for b in (False, True) for r in (False, True) for s in (False, True)} - \
         {(True, True, False), (True, True, True)}
+
+
+def _triangle():
+    from nvshard.models import Direction
+
+    mesh = nvfuser.multidevice.DeviceMesh(torch.arange(4).reshape(1, 2, 2))
+    with FusionDefinition() as fd:
+        inputs, _ = models.triangle_update(fd, Direction.OUTGOING, 16, DataType.Float)
+        models.annotate_triangle(inputs, mesh, 1, 2)
+    return fd, models.triangle_shapes(2, 8, 16)
+
+
+def test_reshard_plan_keys_number_what_they_read():
+    """plan_key names a signature and each layout by a number: two keys are
+    equal exactly when (signature, src.key(), dst.key()) are, over every
+    pair of states the triangle update's plan holds, on each tensor."""
+    from nvshard.preseg.pipeline import _sizes
+    from nvshard.preseg.program import Program, TvState
+    from nvshard.preseg.reshard import NumelModel, plan_key
+
+    fd, shapes = _triangle()
+    plan = nvfuser.propagate_shardings(fd, shapes)
+    states = list({s.key(): s for s in plan.program.state.values()}.values())
+    states += [TvState(s.mesh, [None if k % 2 else d for k, d in enumerate(s.layouts)]) for s in states]
+    numel = NumelModel(lambda tv, k: 8.0)
+    tensors = list(Program(fd.fusion, _sizes(fd.fusion, shapes, None)).state)
+    full, numbered = {}, {}
+    for tv in tensors:
+        for a in states:
+            for b in states:
+                if len(a.layouts) == len(b.layouts) == len(tv.logical):
+                    full.setdefault((numel.signature(tv), a.key(), b.key()), set()).add(plan_key(tv, a, b, numel))
+    assert len(full) > 100
+    assert all(len(keys) == 1 for keys in full.values())  # equal full keys, one numbered key
+    assert len({k for keys in full.values() for k in keys}) == len(full)  # and no two full keys share one
+
+
+def test_reshard_plans_forgotten_mid_plan_plan_the_same(monkeypatch):
+    """With the process's shared reshard plans forgotten every few plans (and
+    the numbers their keys are made of), the plans and logs are unchanged:
+    a key made of old numbers never meets a new one (tried without the
+    generation check, this test fails)."""
+    from nvshard.preseg import reshard
+
+    cases = [_triangle(), _mlp_stack([(DataType.Float, True), (DataType.BFloat16, True), (DataType.Float, False)])]
+    expected = [_explained(fd, shapes) for fd, shapes in cases]
+    monkeypatch.setattr(reshard, "_SHARED_PLANS_LIMIT", 3)
+    before = reshard._numbers_generation
+    assert [_explained(fd, shapes) for fd, shapes in cases] == expected
+    assert reshard._numbers_generation > before + 3
