@@ -55,7 +55,7 @@ cdef class CostModel:
     cpdef _run_cost(self, Expr expr, dict states, dict outs, shared=*)
 
 
-@cython.locals(id_=IterDomain, axes=list, known=tuple)
+@cython.locals(id_=IterDomain, axes=list, known=tuple, kind=Py_ssize_t, part=tuple)
 cpdef tuple _signature(TensorView tv, sizes, dict extents)
 
 cpdef _axis_size(IterDomain id_)

@@ -278,8 +278,8 @@ class _RememberingNumel(NumelModel):
         super().__init__(functools.partial(_extent, sizes))
         self._sizes = sizes
         self._signatures: dict = {}
-        # id(size) -> (size, its value): axes share Size objects, so few differ
-        # (the entry keeps the size alive, so its id is not reused)
+        # id(size) -> (size, its value, its signature parts): axes share Size
+        # objects, so few differ (the entry keeps the size alive, so its id is not reused)
         self._extents: dict = {}
 
     def signature(self, tv) -> tuple:
@@ -290,15 +290,21 @@ class _RememberingNumel(NumelModel):
 
 
 def _signature(tv, sizes, extents: dict) -> tuple:
-    """NumelModel.signature of tv, each Size's value kept in `extents`."""
+    """NumelModel.signature of tv, what it says of each Size kept in `extents`."""
     axes = []
     for id_ in tv.logical:
         size = _axis_size(id_)
         # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
         known = extents.get(id(size))
         if known is None:
-            known = extents[id(size)] = (size, _size_value(sizes, size))
-        axes.append((id_.is_reduction(), id_.is_broadcast(), known[1]))
+            known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
+        # one (reduction?, broadcast?, extent) tuple per Size and kind of axis, shared by
+        # every axis alike: none is made per axis, and equal signatures compare by identity
+        kind = 2 * id_.is_reduction() + id_.is_broadcast()
+        part = known[2][kind]
+        if part is None:
+            part = known[2][kind] = (id_.is_reduction(), id_.is_broadcast(), known[1])
+        axes.append(part)
     return (tv.dtype().itemsize, tuple(axes))
 
 
