@@ -89,7 +89,12 @@ class Size:
     __slots__ = ("coef", "syms", "_canonical", "_key", "_epoch")
 
     def __init__(self, coef=1, syms: Iterable[Sym] = ()):
-        self.coef = coef if isinstance(coef, Fraction) else _fraction(coef)
+        # an int first: isinstance against Fraction (an ABC's subclass) costs
+        # more than the rest of making a Size
+        if type(coef) is int:
+            self.coef = _fraction(coef)
+        else:
+            self.coef = coef if type(coef) is Fraction or isinstance(coef, Fraction) else _fraction(coef)
         self.syms = tuple(syms)
         self._epoch = -1
 
@@ -159,7 +164,12 @@ class Size:
 
     def __mul__(self, other) -> "Size":
         other = Size.of(other)
-        return Size(self.coef * other.coef, self.syms + other.syms).canonical()
+        a, b = self.coef, other.coef
+        if a.denominator == 1 and b.denominator == 1:
+            # whole coefficients (nearly all): an int product, its Fraction made
+            # once (Fraction arithmetic is pure Python, several times slower)
+            return Size(a.numerator * b.numerator, self.syms + other.syms).canonical()
+        return Size(a * b, self.syms + other.syms).canonical()
 
     __rmul__ = __mul__
 
@@ -176,7 +186,10 @@ class Size:
                     break
             else:
                 return None
-        return Size(a.coef / b.coef, remaining)
+        p, q = a.coef, b.coef
+        if p.denominator == 1 and q.denominator == 1 and p.numerator % q.numerator == 0:
+            return Size(p.numerator // q.numerator, remaining)  # (a whole quotient, as in __mul__)
+        return Size(p / q, remaining)
 
     def divisible_by(self, d: int) -> Optional[bool]:
         """True/False when decidable, None when it depends on symbols."""
