@@ -8,6 +8,8 @@ from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.reshard cimport NumelModel, plan_reshard
+from nvshard.preseg.projection cimport (annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis,
+                                        rule_text, same_state)
 
 
 cdef class Cost:
@@ -65,5 +67,5 @@ cpdef _size_value(sizes, size)
 @cython.locals(entry=tuple)
 cpdef tuple remembered_key(dict known, digits)
 
-@cython.locals(id_=IterDomain, k=Py_ssize_t, bucket=set, axes=set)
-cpdef bint _consistent(TensorView tv, TvState state) except -1
+@cython.locals(o=TensorView)
+cpdef bint _all_consistent(list outputs, dict filled) except -1

@@ -22,7 +22,7 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 
 from ..ir.nodes import TensorView
 from .program import TvState
-from .projection import annotated_sum, arriving_state, plan_compute, resolved, rule_text, same_state
+from .projection import annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis, rule_text, same_state
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
 from .reshard import NumelModel, plan_reshard
@@ -316,22 +316,8 @@ def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
 
 
 def _all_consistent(outputs: list, filled: dict) -> bool:
-    """Whether every result's layouts are consistent (_consistent)."""
+    """Whether no result reuses a mesh axis (projection.reuses_mesh_axis)."""
     for o in outputs:
-        if not _consistent(o, filled[o]):
+        if reuses_mesh_axis(o, filled[o].layouts):
             return False
-    return True
-
-
-def _consistent(tv, state: TvState) -> bool:
-    """No mesh axis shards two iteration axes (or two reduction axes)."""
-    seen = {False: set(), True: set()}
-    logical, layouts = tv.logical, state.layouts
-    for k in range(min(len(logical), len(layouts))):  # (an index loop: compiled, no tuple per pair)
-        id_ = logical[k]
-        axes = set(layout.mesh_axes_of(layouts[k] or ()))
-        bucket = seen[id_.is_reduction()]
-        if axes & bucket:
-            return False
-        bucket |= axes
     return True

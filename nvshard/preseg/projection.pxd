@@ -46,9 +46,11 @@ cpdef _compute_plan(expr, dict factors, list result_states, rule)
 @cython.locals(state=TvState, out=list, from_operands=dict)
 cpdef list _alternatives(expr, base, list operand_states, rule)
 
-@cython.locals(state=TvState, seen=dict, bucket=set, axes=tuple, tensors=list, states=list, id_=IterDomain,
-               i=Py_ssize_t, k=Py_ssize_t)
+@cython.locals(tensors=list, states=list, i=Py_ssize_t)
 cpdef bint _realizable(expr, plan) except -1
+
+@cython.locals(iteration=list, reduction=list, taken=list, id_=IterDomain, k=Py_ssize_t)
+cpdef bint reuses_mesh_axis(TensorView tv, layouts) except -1
 
 @cython.locals(actual=TvState, required=TvState, operands=list, outputs=list, results=list, i=Py_ssize_t)
 cpdef bint _moves_nothing(expr, plan, list result_states, list operand_states) except -1

@@ -335,22 +335,32 @@ def _same_factors(a: dict, b: dict) -> bool:
 
 
 def _realizable(expr, plan: ComputePlan) -> bool:
-    """No mesh axis lays out two iteration axes (or two reduction axes) of
-    one tensor."""
-    # (index loops here and below: compiled, they run in C, where zip() builds tuples)
+    """No tensor of the plan reuses a mesh axis (reuses_mesh_axis)."""
+    # (an index loop: compiled, it runs in C, where zip() builds tuples)
     tensors, states = expr.tv_inputs + expr.tv_outputs, plan.operands + plan.results
     for i in range(min(len(tensors), len(states))):
-        tv, state = tensors[i], states[i]
-        seen = {False: set(), True: set()}
-        logical, layouts = tv.logical, state.layouts
-        for k in range(min(len(logical), len(layouts))):
-            id_ = logical[k]
-            axes = layout.mesh_axes_of(layouts[k])
-            bucket = seen[id_.is_reduction()]
-            if len(set(axes)) != len(axes) or bucket.intersection(axes):
-                return False
-            bucket.update(axes)
+        if reuses_mesh_axis(tensors[i], states[i].layouts):
+            return False
     return True
+
+
+def reuses_mesh_axis(tv, layouts) -> bool:
+    """Whether a mesh axis lays out two iteration axes of tv (or two of its
+    reduction axes), or one axis twice: a sharding no device can hold.
+    Open axes (None) lay out nothing."""
+    iteration, reduction = [], []  # (lists: a tensor takes a few mesh axes at most)
+    logical = tv.logical
+    for k in range(min(len(logical), len(layouts))):
+        digits = layouts[k]
+        if not digits:
+            continue  # (most axes: no id_ to read)
+        taken = reduction if logical[k].is_reduction() else iteration
+        for d in digits:
+            if isinstance(d, str):
+                if d in taken:
+                    return True
+                taken.append(d)
+    return False
 
 
 def same_state(a: TvState, b: TvState) -> bool:
