@@ -12,3 +12,9 @@ cpdef tuple keep_outer(digits, banned, mesh_sizes)
 cpdef bint same(a, b) except -1
 
 cpdef tuple without(digits, mesh_axis, mesh_sizes)
+
+cpdef tuple concrete(digits, sizes)
+
+cpdef local_numel_divisor(digits, mesh_sizes)
+
+cpdef join_layouts(per_factor, extents)

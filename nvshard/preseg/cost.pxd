@@ -67,5 +67,7 @@ cpdef _size_value(sizes, size)
 @cython.locals(entry=tuple)
 cpdef tuple remembered_key(dict known, digits)
 
+cpdef reshard_bytes(tv, TvState src, TvState dst, NumelModel numel)
+
 @cython.locals(o=TensorView)
 cpdef bint _all_consistent(list outputs, dict filled) except -1

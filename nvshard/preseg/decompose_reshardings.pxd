@@ -5,7 +5,8 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.reshard cimport NumelModel, layout_numbers, numbered, plan_reshard
-from nvshard.preseg.projection cimport annotated_sum, resolved, rule_text, same_state
+from nvshard.preseg.projection cimport annotated_sum, plan_compute, resolved, rule_text, same_state
+from nvshard.preseg.cost cimport reshard_bytes
 
 
 cdef class _Rewrite:

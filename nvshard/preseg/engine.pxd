@@ -9,9 +9,9 @@ from nvshard.multidevice cimport layout
 from nvshard.multidevice.mesh cimport DeviceMesh
 from nvshard.preseg.classes cimport Link, PassThroughClasses
 from nvshard.preseg.log cimport DecisionLog
-from nvshard.preseg.projection cimport AxisFactors
+from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program
-from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, crossing_stage, direction_between,
+from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, compete, crossing_stage, direction_between,
                                        propagated_through)
 
 

@@ -29,6 +29,10 @@ cpdef list result_axes(expr, i, rule)
 
 cpdef split_axis(digits, factors, rule, dict mesh_sizes)
 
+cpdef join_axis(list per_factor, factors, rule)
+
+cpdef tensor_axes(expr, tv, rule)
+
 @cython.locals(out=dict, j=Py_ssize_t)
 cpdef dict project(list pairs, list layouts, rule, dict mesh_sizes, bint skip_replicated=*)
 
