@@ -353,8 +353,9 @@ def reuses_mesh_axis(tv, layouts) -> bool:
     for k in range(min(len(logical), len(layouts))):
         digits = layouts[k]
         if not digits:
-            continue  # (most axes: no id_ to read)
-        taken = reduction if logical[k].is_reduction() else iteration
+            continue  # replicated or open (most axes)
+        id_ = logical[k]
+        taken = reduction if id_.is_reduction() else iteration
         for d in digits:
             if isinstance(d, str):
                 if d in taken:

@@ -1,8 +1,8 @@
-import cython
-
 # Compiled types for reshard.py: reshard planning runs the layout algebra per
 # step it weighs, as C calls; the element-count model is an extension type
 # (the cost model and the decomposition ask it for every tensor's signature).
+
+import cython
 
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport TvState

@@ -135,7 +135,7 @@ def test_reshard_plan_keys_number_what_they_read():
     states += [TvState(s.mesh, [None if k % 2 else d for k, d in enumerate(s.layouts)]) for s in states]
     numel = NumelModel(lambda tv, k: 8.0)
     tensors = list(Program(fd.fusion, _sizes(fd.fusion, shapes, None)).state)
-    full, numbered = {}, {}
+    full = {}
     for tv in tensors:
         for a in states:
             for b in states:
