@@ -50,13 +50,14 @@ class SizeEvaluator:
 
     def _bind(self, size: Size, extent: int, tv: TensorView, axis: int) -> None:
         c = size.canonical()
+        coef = c.key()[0]  # (the coefficient, an int when whole: compared in C, a Fraction's == is Python)
         if not c.syms:
-            if c.coef != extent:
+            if coef != extent:
                 raise NvShardError(
                     f"{tv.short_name()}: axis {axis} has extent {extent}, but define_tensor declared {size}"
                 )
             return
-        if len(c.syms) == 1 and c.coef == 1:
+        if len(c.syms) == 1 and coef == 1:
             sym = c.syms[0]
             if sym in self.bindings and self.bindings[sym] != extent:
                 raise NvShardError(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 import zlib
 
 from ..ir.nodes import NvShardError, TensorView
@@ -62,6 +63,9 @@ _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, S
 _ANNOTATION = Stage.ANNOTATION
 # Sources with nothing to say but what they are: one each (frozen, so sharing them is safe).
 _UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
+# The order every rank visits tensors in (a sort key that is a C function:
+# a module function would be called through Python's protocol per element)
+_NUMBER = operator.attrgetter("number")
 
 
 class Engine:
@@ -176,7 +180,7 @@ class Engine:
 
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
-        for tv in sorted(stale, key=_number):
+        for tv in sorted(stale, key=_NUMBER):
             easy, competing = self.classify(tv)
             stages = {m.stage for m in easy}
             for stage, targets in self._easy_targets.items():
@@ -198,7 +202,7 @@ class Engine:
             targets = self._easy_targets[stage]
             if targets:
                 # sorted: every rank of a job must build the same plan
-                return [(tv, m) for tv in sorted(targets, key=_number)
+                return [(tv, m) for tv in sorted(targets, key=_NUMBER)
                         for m in self.classify(tv)[0] if m.stage == stage]
         return []
 
@@ -579,7 +583,7 @@ class Engine:
                             per_axis = arriving[t] = {}
                         per_axis.setdefault(end.axis, []).append((d, mesh, tv, (direction, link.expr, end.names)))
             frontier = []
-            for t in sorted(arriving, key=_number):
+            for t in sorted(arriving, key=_NUMBER):
                 per_axis = arriving[t]
                 if t in self.by_target or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)
@@ -650,7 +654,7 @@ class Engine:
         axes, self._changed_axes = self._changed_axes, {}
         exprs: dict = {}
         # (every decided tensor is among `changed`; the union keeps that true)
-        for tv in sorted(set(changed).union(axes), key=_number):
+        for tv in sorted(set(changed).union(axes), key=_NUMBER):
             self._invalidate(tv)
             for e in self.adjacent.get(tv, []):
                 exprs[e] = None
@@ -698,10 +702,6 @@ def _offered_in(m, proposals: list) -> bool:
         if p in proposals:
             return True
     return False
-
-
-def _number(tv) -> int:
-    return tv.number
 
 
 def _kept_with_fusion(program: Program, name: str, make, *args):
