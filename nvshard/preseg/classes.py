@@ -57,9 +57,11 @@ class Link:
         return f"Link({self.expr!r}, {[(m.tv.short_name(), m.axis) for m in self.members]})"
 
     def ends(self, tv) -> list:
-        """(other axis, direction) pairs, for a decision on one of tv's axes
-        (callers must not change the list). A tensor has one role in an expr
-        (an expr never reads its own result); direction_between, unrolled."""
+        """(other axis, (direction, expr, its factor names)) pairs, for a
+        decision on one of tv's axes: the second is what the spread's
+        decisions there are propagated through, made once (callers must not
+        change the list). A tensor has one role in an expr (an expr never
+        reads its own result); direction_between, unrolled."""
         known = self._ends.get(tv)
         if known is not None:
             return known
@@ -69,7 +71,8 @@ class Link:
                 role = m.role
                 break
         across = _FORWARD if role is _OPERAND else _BACKWARD
-        known = self._ends[tv] = [(m, _SIDEWAYS if m.role is role else across) for m in self.members if m.tv is not tv]
+        known = self._ends[tv] = [(m, (_SIDEWAYS if m.role is role else across, self.expr, m.names))
+                                  for m in self.members if m.tv is not tv]
         return known
 
 

@@ -571,7 +571,7 @@ class Engine:
                 d = decided[tv][axis]
                 mesh = meshes[tv]
                 for link in links[tv][axis]:
-                    for end, direction in link.ends(tv):
+                    for end, via in link.ends(tv):
                         t = end.tv
                         if decided[t][end.axis] is not None:
                             continue
@@ -581,7 +581,7 @@ class Engine:
                         per_axis = arriving.get(t)
                         if per_axis is None:
                             per_axis = arriving[t] = {}
-                        per_axis.setdefault(end.axis, []).append((d, mesh, tv, (direction, link.expr, end.names)))
+                        per_axis.setdefault(end.axis, []).append((d, mesh, tv, via))
             frontier = []
             for t in sorted(arriving, key=_NUMBER):
                 per_axis = arriving[t]
@@ -592,7 +592,7 @@ class Engine:
                     offers = per_axis[axis]
                     d, mesh, src, via = offers[0]
                     if len(offers) == 1:  # (the common case: no list to build, no min to call)
-                        source, priority = propagated_through(via, [src]), d.priority
+                        source, priority = propagated_through(via, (src,)), d.priority
                     else:
                         source = propagated_through(via, [o[2] for o in offers])
                         priority = min([o[0].priority for o in offers])

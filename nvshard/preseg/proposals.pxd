@@ -27,7 +27,7 @@ cdef class Propagated:
     cdef public object direction, expr, factor, tensors
 
 
-cpdef Propagated propagated_through(tuple via, list tensors)
+cpdef Propagated propagated_through(tuple via, tensors)
 
 cpdef crossing_stage(kind, bint compound)
 

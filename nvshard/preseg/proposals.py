@@ -205,13 +205,13 @@ class Propagated:
         return via
 
 
-def propagated_through(via: tuple, tensors: list) -> Propagated:
+def propagated_through(via: tuple, tensors) -> Propagated:
     """Carried (direction, expr, factor names) from `tensors`, with no Choice
     behind it (a pass-through class's spread). (A module function: compiled,
     the engine calls it directly, not through the class's attributes.)"""
     source = Propagated.__new__(Propagated)
     source.direction, source.expr, source.factor = via
-    source.tensors = tuple(tensors)
+    source.tensors = tuple(tensors)  # (a tuple is kept as it is)
     return source
 
 
