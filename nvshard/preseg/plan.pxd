@@ -8,5 +8,8 @@ from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport TvState
 
 
-@cython.locals(state=TvState, id_=IterDomain, checked=set, seen=set, mesh_sizes=dict, k=Py_ssize_t)
+@cython.locals(state=TvState, id_=IterDomain, checked=set, seen=dict, entry=tuple, logical=list, k=Py_ssize_t)
 cpdef _check_divisibility(dict propagated, sizes)
+
+@cython.locals(i=Py_ssize_t, pair=tuple)
+cpdef bint _met(list pairs, size, mesh) except -1

@@ -159,28 +159,46 @@ class Plan:
 def _check_divisibility(propagated: dict, sizes) -> None:
     """Every propagated layout divides its axis (concrete sizes)."""
     checked = set()
-    # Propagation hands one layout object from tensor to tensor: the same
-    # objects (alive in the states throughout) are checked once, by identity.
-    seen = set()
+    # Propagation hands one layout object from tensor to tensor: each object is
+    # checked once per (axis size, mesh) it meets, both found by identity.
+    seen: dict = {}  # id(layout) -> (layout, [(size, mesh)] it was checked with)
     for tv, state in propagated.items():
-        if state.mesh is None:
+        mesh = state.mesh
+        if mesh is None:
             continue
-        mesh_sizes = state.mesh.axis_sizes()
-        for k, digits in enumerate(state.layouts):
-            id_ = tv.logical[k]
-            if not digits or id_.is_reduction():
+        mesh_sizes = None  # (read once the tensor has a layout to check)
+        logical, layouts = tv.logical, state.layouts
+        for k in range(len(layouts)):
+            digits = layouts[k]
+            if not digits:
+                continue
+            id_ = logical[k]
+            if id_.is_reduction():
                 continue
             size = id_.expanded or id_.extent()
-            same_objects = (id(digits), id(size), id(state.mesh))
-            if same_objects in seen:
+            entry = seen.get(id(digits))
+            if entry is None:
+                entry = seen[id(digits)] = (digits, [])
+            if _met(entry[1], size, mesh):
                 continue
-            seen.add(same_objects)
-            key = (layout.key(digits), size.key(), state.mesh)
+            entry[1].append((size, mesh))
+            key = (layout.key(digits), size.key(), mesh)
             if key in checked:
                 continue
+            if mesh_sizes is None:
+                mesh_sizes = mesh.axis_sizes()
             extent = sizes.global_extent(tv, tv.non_reduction_axes().index(k))
             try:
                 layout.segments(digits, extent, mesh_sizes, sizes.bindings)
             except (layout.ShardingError, ValueError):
-                raise indivisible(tv, k, digits, extent, state.mesh) from None
+                raise indivisible(tv, k, digits, extent, mesh) from None
             checked.add(key)
+
+
+def _met(pairs: list, size, mesh) -> bool:
+    """Whether (size, mesh) is among the pairs, by identity."""
+    for i in range(len(pairs)):  # (an index loop: compiled, no tuple per pair)
+        pair = pairs[i]
+        if pair[0] is size and pair[1] is mesh:
+            return True
+    return False
