@@ -129,7 +129,6 @@ cdef unsigned long long _MASK, _GOLDEN, _MIX1, _MIX2, _INPUT, _UNKNOWN
 @cython.locals(z=cython.ulonglong)
 cpdef unsigned long long _mix(unsigned long long h, unsigned long long x)
 
-
 @cython.locals(rules=list, last=list, e=Expr)
 cpdef PassThroughClasses _pass_through_classes(Program program, set frozen, dict home)
 

@@ -197,7 +197,7 @@ def _check_divisibility(propagated: dict, sizes) -> None:
 
 def _met(pairs: list, size, mesh) -> bool:
     """Whether (size, mesh) is among the pairs, by identity."""
-    for i in range(len(pairs)):  # (an index loop: compiled, no tuple per pair)
+    for i in range(len(pairs)):  # (an index loop: compiled, the list is read as a C array)
         pair = pairs[i]
         if pair[0] is size and pair[1] is mesh:
             return True
