@@ -62,13 +62,13 @@ cdef class Engine:
     @cython.locals(m=Choice)
     cpdef _apply(self, list items, reason=*)
 
-    cpdef _record(self, tv, axis, digits, mesh, Decision decision, reason)
+    cpdef _record(self, tv, Py_ssize_t axis, digits, mesh, Decision decision, reason)
 
     @cython.locals(d=Decision, end=AxisFactors, link=Link, decided=dict, meshes=dict, home=dict, arriving=dict,
-                   per_axis=dict, links=dict, offers=list)
+                   per_axis=dict, links=dict, offers=list, pair=tuple, changed=set, axis=Py_ssize_t)
     cpdef set _spread(self, list frontier)
 
-    @cython.locals(d=Decision, used=set, mesh_axes=frozenset)
+    @cython.locals(d=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
     cpdef bint _uncontested(self, tv, dict per_axis) except -1
 
     @cython.locals(m=Choice, stale=set)

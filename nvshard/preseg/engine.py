@@ -583,12 +583,13 @@ class Engine:
                             per_axis = arriving[t] = {}
                         per_axis.setdefault(end.axis, []).append((d, mesh, tv, via))
             frontier = []
-            for t in sorted(arriving, key=_NUMBER):
+            # (one tensor, one axis: the common case, no sort to call)
+            for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else list(arriving)):
                 per_axis = arriving[t]
                 if t in self.by_target or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)
                     continue
-                for axis in sorted(per_axis):
+                for axis in (sorted(per_axis) if len(per_axis) > 1 else list(per_axis)):
                     offers = per_axis[axis]
                     d, mesh, src, via = offers[0]
                     if len(offers) == 1:  # (the common case: no list to build, no min to call)
@@ -598,7 +599,8 @@ class Engine:
                         priority = min([o[0].priority for o in offers])
                     self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))
-            changed.update([t for t, _ in frontier])
+            for pair in frontier:
+                changed.add(pair[0])
         return changed
 
     def _uncontested(self, tv, per_axis: dict) -> bool:
@@ -609,10 +611,11 @@ class Engine:
         for offers in per_axis.values():
             d, mesh = offers[0][0], offers[0][1]
             mesh_axes, key = self._layout_facts(d.digits)
-            for o in offers[1:]:
+            for j in range(1, len(offers)):  # (an index loop: no slice to copy)
+                o = offers[j]
                 if (o[1] is not mesh and o[1] != mesh) or self._layout_facts(o[0].digits)[1] != key:
                     return False
-            if not used.isdisjoint(mesh_axes):
+            if used and not used.isdisjoint(mesh_axes):  # (most targets have no axis decided yet)
                 return False
             if taken is None:
                 taken = mesh_axes

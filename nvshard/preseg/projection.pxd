@@ -8,7 +8,12 @@ from nvshard.multidevice cimport layout
 
 cdef class AxisFactors:
     cdef public TensorView tv
-    cdef public object role, position, axis, factors, extents, reduction, names, compound
+    cdef public object role
+    # (C integers and flags: the engine indexes decisions by axis in its inner loops)
+    cdef public Py_ssize_t position, axis
+    cdef public tuple factors, extents
+    cdef public bint reduction, compound
+    cdef public str names
 
 from nvshard.preseg.program cimport TvState
 
@@ -47,7 +52,7 @@ cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*)
 @cython.locals(s=TvState, operands=list, results=list)
 cpdef _compute_plan(expr, dict factors, list result_states, rule)
 
-@cython.locals(state=TvState, out=list, from_operands=dict)
+@cython.locals(state=TvState, out=list, from_operands=dict, i=Py_ssize_t)
 cpdef list _alternatives(expr, base, list operand_states, rule)
 
 @cython.locals(tensors=list, states=list, i=Py_ssize_t)
@@ -65,3 +70,7 @@ cpdef double _plan_cost(expr, plan, list result_states, list operand_states, pri
 
 @cython.locals(k=Py_ssize_t)
 cpdef TvState arriving_state(TvState actual, TvState required)
+
+cpdef bint _any_in(factors, dict found) except -1
+
+cpdef bint _same_factors(dict a, dict b) except -1

@@ -288,7 +288,8 @@ def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
             return []
     out = []
     from_operands: dict = {}
-    for i, (tv, state) in enumerate(zip(expr.tv_inputs, operand_states)):
+    for i in range(min(len(expr.tv_inputs), len(operand_states))):  # (an index loop: compiled, no tuples)
+        state = operand_states[i]
         if state is None or state.mesh != base.mesh:
             continue
         known = [d or () for d in state.layouts]

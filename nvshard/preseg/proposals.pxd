@@ -5,11 +5,14 @@ cimport cython
 from nvshard.multidevice cimport layout
 
 cdef class Proposal:
-    cdef public object tv, axis, digits, mesh, priority, stage, expr, factor, source, direction, reduction
+    cdef public object tv
+    cdef public Py_ssize_t axis  # (a C integer: decisions are indexed by axis in the engine's loops)
+    cdef public object digits, mesh, priority, stage, expr, factor, source, direction, reduction
     cdef public object mesh_axes, key
 
 cdef class Choice:
-    cdef public object axis, digits, mesh, priority, stage, reduction
+    cdef public Py_ssize_t axis
+    cdef public object digits, mesh, priority, stage, reduction
     cdef public list sources
     cdef public object mesh_axes
 
