@@ -21,6 +21,10 @@ cdef class PassThroughClasses:
     cdef public dict links, linked_positions
     cdef public set internal
     cdef public object _parent
+    cdef public dict _ends
+
+    @cython.locals(per_axis=list, ends=list, link=Link)
+    cpdef list ends_of(self, tv, Py_ssize_t axis)
 
     @cython.locals(e=Expr)
     cpdef _link_all(self, Program program, set frozen, dict home)

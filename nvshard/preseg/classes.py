@@ -77,7 +77,7 @@ class Link:
 
 
 class PassThroughClasses:
-    __slots__ = ("links", "linked_positions", "internal", "_parent")
+    __slots__ = ("links", "linked_positions", "internal", "_parent", "_ends")
 
     def __init__(self, program, frozen: set, home: dict):
         """program None: no links (every decision travels by proposals)."""
@@ -87,6 +87,7 @@ class PassThroughClasses:
         self.linked_positions: dict = {}  # expr -> positions in axis_factors(expr) that are linked
         self.internal: set = set()  # exprs whose every axis is linked: they never propose
         self._parent = None  # union-find over the links, built when a class is first asked for
+        self._ends: dict = {}  # tv -> per logical axis, the ends of all its links (ends_of)
         if program is not None:
             self._link_all(program, frozen, home)
 
@@ -130,6 +131,21 @@ class PassThroughClasses:
         """The links of one axis (None: unlinked)."""
         per_axis = self.links.get(tv)
         return None if per_axis is None else per_axis[axis]
+
+    def ends_of(self, tv, axis: int) -> list:
+        """Link.ends(tv) of every link of a linked axis, in link order, as one
+        list made when first asked for (callers must not change it): the
+        spread walks it once per decision."""
+        per_axis = self._ends.get(tv)
+        if per_axis is None:
+            per_axis = self._ends[tv] = [None] * len(tv.logical)
+        ends = per_axis[axis]
+        if ends is None:
+            ends = []
+            for link in self.links[tv][axis]:
+                ends += link.ends(tv)
+            per_axis[axis] = ends
+        return ends
 
     # -- union-find (asked for by tests and tools; the spread walks links) ---------------------------
     def _find(self, slot):

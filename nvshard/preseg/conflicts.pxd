@@ -8,7 +8,7 @@ from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.cost cimport CostModel, remembered_key
 from nvshard.preseg.engine cimport Engine
-from nvshard.preseg.program cimport TvState
+from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
 from nvshard.preseg.proposals cimport Choice, Decision, Proposal, compete
 

@@ -26,7 +26,7 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .cost import Cost, remembered_key
-from .program import TvState
+from .program import new_state
 from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 
@@ -210,12 +210,12 @@ class ConflictResolver:
         layouts = [d.digits if d is not None else None for d in engine.decided[tv]]
         for m in chosen:
             layouts[m.axis] = m.digits
-        own = TvState(mesh, layouts)
+        own = new_state(mesh, layouts)
         total = Cost(symbolic=self.cost.symbolic)
         for e, others, shared in around:
             states, options = {tv: own}, {}
             for t, (t_layouts, t_mesh) in others.items():
-                states[t] = TvState(t_mesh if t_mesh is not None else mesh, t_layouts)
+                states[t] = new_state(t_mesh if t_mesh is not None else mesh, t_layouts)
             for o in e.tv_outputs:
                 for k, digits in enumerate(states[o].layouts):
                     if digits is None:
@@ -242,7 +242,7 @@ class ConflictResolver:
                     break
             if whole:
                 rule = engine.p.rule(other)
-                results = [TvState(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
+                results = [new_state(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
                 compute = plan_compute(other, results, rule)
                 made.add(compute.operands[other.tv_inputs.index(operand)].key())
             elif other.tv_inputs.index(operand) == position and rule_text(engine.p.rule(other)) == shape:

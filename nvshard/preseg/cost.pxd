@@ -6,7 +6,7 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
-from nvshard.preseg.program cimport Program, TvState
+from nvshard.preseg.program cimport Program, TvState, new_state
 from nvshard.preseg.reshard cimport NumelModel, plan_reshard
 from nvshard.preseg.projection cimport (annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis,
                                         rule_text, same_state)

@@ -21,7 +21,7 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
     from ..native import PythonDirectives as cython
 
 from ..ir.nodes import TensorView
-from .program import TvState
+from .program import TvState, new_state
 from .projection import annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis, rule_text, same_state
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
@@ -197,7 +197,7 @@ class CostModel:
         for n, combo in enumerate(itertools.product(*choices)):
             if n >= MAX_COMPLETIONS:
                 break
-            filled = {o: TvState(states[o].mesh, list(states[o].layouts)) for o in outputs}
+            filled = {o: new_state(states[o].mesh, list(states[o].layouts)) for o in outputs}
             for i in range(len(open_axes)):  # (an index loop: compiled, no tuple per pair)
                 o, k = open_axes[i]
                 filled[o].layouts[k] = combo[i]
@@ -207,7 +207,7 @@ class CostModel:
             if best is None or cost.key() < best.key():
                 best = cost
         if best is None:  # every completion reused a mesh axis: leave them replicated
-            filled = {o: TvState(states[o].mesh, [() if d is None else d for d in states[o].layouts])
+            filled = {o: new_state(states[o].mesh, [() if d is None else d for d in states[o].layouts])
                       for o in outputs}
             best = self._run_cost(expr, states, filled, shared)
         return best

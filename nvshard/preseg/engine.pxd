@@ -12,7 +12,7 @@ from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program
 from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, compete, crossing_stage, direction_between,
-                                       propagated_through)
+                                       new_decision, new_opinion, propagated_through)
 
 
 cdef class Engine:
@@ -65,7 +65,8 @@ cdef class Engine:
     cpdef _record(self, tv, Py_ssize_t axis, digits, mesh, Decision decision, reason)
 
     @cython.locals(d=Decision, end=AxisFactors, link=Link, decided=dict, meshes=dict, home=dict, arriving=dict,
-                   per_axis=dict, links=dict, offers=list, pair=tuple, changed=set, axis=Py_ssize_t)
+                   per_axis=dict, classes=PassThroughClasses, offers=list, pair=tuple, changed=set,
+                   axis=Py_ssize_t)
     cpdef set _spread(self, list frontier)
 
     @cython.locals(d=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)

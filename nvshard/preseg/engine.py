@@ -52,8 +52,8 @@ from .log import DecisionLog
 from .program import Program, TvState
 from .projection import Role, axis_factors, split_axis
 from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Opinion, Proposal, Propagated, Stage,
-                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between,
-                        propagated_through)
+                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between, new_decision,
+                        new_opinion, propagated_through)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
@@ -129,13 +129,13 @@ class Engine:
                     if id_.is_reduction() and not digits:
                         decided.append(None)  # pending sums stay open
                     else:
-                        decided.append(Decision(digits, prio, _ANNOTATION, source))
+                        decided.append(new_decision(digits, prio, _ANNOTATION, source))
                 self.decided[tv] = decided
                 self.mesh[tv] = tv.mesh
                 self.frozen.add(tv)
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                self.decided[tv] = [Decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT) for _ in range(n)]
+                self.decided[tv] = [new_decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT) for _ in range(n)]
                 self.mesh[tv] = None
                 self.frozen.add(tv)
             else:
@@ -293,7 +293,7 @@ class Engine:
             mesh = self.mesh[s.tv]
             if not s.compound:
                 f = s.factors[0]
-                o = Opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked)
+                o = new_opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked)
                 ops = opinions.get(f)
                 if ops is None:
                     opinions[f] = [o]
@@ -307,7 +307,7 @@ class Engine:
                 continue
             for f, digits in zip(s.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append(Opinion(digits, s.tv, d.priority, s.role, mesh, True, False))
+                    opinions.setdefault(f, []).append(new_opinion(digits, s.tv, d.priority, s.role, mesh, True, False))
         if not opinions:
             return []
         # Through a contraction, an operand still open may yet bring a
@@ -538,7 +538,7 @@ class Engine:
         self._after_change(changed)
 
     def _decide(self, tv, m: Choice, reason) -> None:
-        self._record(tv, m.axis, m.digits, m.mesh, Decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
+        self._record(tv, m.axis, m.digits, m.mesh, new_decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
 
     def _record(self, tv, axis: int, digits, mesh, decision: Decision, reason) -> None:
         if self.mesh[tv] is None and mesh is not None:
@@ -563,25 +563,24 @@ class Engine:
         the layout becomes an ordinary proposal for the axis and the wave
         stops there, for the conflict to be resolved like any other.
         Returns the tensors decided."""
-        decided, links, meshes, home = self.decided, self.classes.links, self.mesh, self.home
+        decided, classes, meshes, home = self.decided, self.classes, self.mesh, self.home
         changed = set()
         while frontier:
             arriving: dict = {}  # tv -> {axis: [(Decision, mesh, source tv, (direction, expr, factor names))]}
             for tv, axis in frontier:
                 d = decided[tv][axis]
                 mesh = meshes[tv]
-                for link in links[tv][axis]:
-                    for end, via in link.ends(tv):
-                        t = end.tv
-                        if decided[t][end.axis] is not None:
-                            continue
-                        own = meshes[t] or home.get(t)
-                        if own is not None and own is not mesh and own != mesh:  # (identity first: the common case)
-                            continue
-                        per_axis = arriving.get(t)
-                        if per_axis is None:
-                            per_axis = arriving[t] = {}
-                        per_axis.setdefault(end.axis, []).append((d, mesh, tv, via))
+                for end, via in classes.ends_of(tv, axis):
+                    t = end.tv
+                    if decided[t][end.axis] is not None:
+                        continue
+                    own = meshes[t] or home.get(t)
+                    if own is not None and own is not mesh and own != mesh:  # (identity first: the common case)
+                        continue
+                    per_axis = arriving.get(t)
+                    if per_axis is None:
+                        per_axis = arriving[t] = {}
+                    per_axis.setdefault(end.axis, []).append((d, mesh, tv, via))
             frontier = []
             # (one tensor, one axis: the common case, no sort to call)
             for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else list(arriving)):
@@ -589,7 +588,7 @@ class Engine:
                 if t in self.by_target or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)
                     continue
-                for axis in (sorted(per_axis) if len(per_axis) > 1 else list(per_axis)):
+                for axis in (sorted(per_axis) if len(per_axis) > 1 else per_axis):  # (nothing adds to it here)
                     offers = per_axis[axis]
                     d, mesh, src, via = offers[0]
                     if len(offers) == 1:  # (the common case: no list to build, no min to call)
@@ -597,7 +596,7 @@ class Engine:
                     else:
                         source = propagated_through(via, [o[2] for o in offers])
                         priority = min([o[0].priority for o in offers])
-                    self._record(t, axis, d.digits, mesh, Decision(d.digits, priority, _PASS_THROUGH, source), "")
+                    self._record(t, axis, d.digits, mesh, new_decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))
             for pair in frontier:
                 changed.add(pair[0])
@@ -607,6 +606,10 @@ class Engine:
         """One layout arrives per axis, and the mesh axes they use are free
         on tv and distinct."""
         used = self.used(tv, reduction=False)
+        if not used and len(per_axis) == 1:  # (the common case: one offer to an axis of a fresh tensor)
+            for offers in per_axis.values():
+                if len(offers) == 1:
+                    return True
         taken = None  # the mesh axes the arriving layouts take (no copy of `used` to grow)
         for offers in per_axis.values():
             d, mesh = offers[0][0], offers[0][1]
@@ -668,7 +671,7 @@ class Engine:
         for tv in self.p.state:
             for k, d in enumerate(self.decided[tv]):
                 if d is None:
-                    self.decided[tv][k] = Decision((), self.level, _ANNOTATION, _UNREACHED)
+                    self.decided[tv][k] = new_decision((), self.level, _ANNOTATION, _UNREACHED)
         self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]

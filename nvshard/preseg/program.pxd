@@ -18,6 +18,10 @@ cdef class TvState:
     cpdef tuple key(self)
 
 
+@cython.locals(state=TvState)
+cpdef TvState new_state(mesh, list layouts)
+
+
 cdef class Program:
     cdef public object fusion, sizes, inputs, outputs, _tv_counter, _id_counter
     cdef public list exprs

@@ -66,6 +66,15 @@ class TvState:
         return (self.mesh, tuple([layout.key(d) for d in self.layouts]))
 
 
+def new_state(mesh, layouts: list) -> TvState:
+    """TvState(mesh, layouts), its fields filled directly: compiled, calling
+    the class parses its arguments through Python's protocol, and the cost
+    model, the projection and the decomposition make tens of thousands a plan."""
+    state = TvState.__new__(TvState)
+    state.mesh, state.layouts = mesh, layouts
+    return state
+
+
 def annotated_state(tv: TensorView) -> TvState:
     return TvState(tv.mesh, tv.layouts())
 

@@ -15,7 +15,7 @@ cdef class AxisFactors:
     cdef public bint reduction, compound
     cdef public str names
 
-from nvshard.preseg.program cimport TvState
+from nvshard.preseg.program cimport TvState, new_state
 
 @cython.locals(k=Py_ssize_t)
 cpdef bint same_state(TvState a, TvState b) except -1

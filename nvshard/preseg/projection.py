@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 from ..multidevice import layout
 from ..ops.registry import FactorKind
-from .program import TvState
+from .program import TvState, new_state
 
 # (read in inner loops: an Enum class's attribute read is slow on Python 3.11)
 _REPLICATED = FactorKind.REPLICATED
@@ -190,7 +190,7 @@ def resolved(tv, state: TvState) -> TvState:
     for k in range(min(len(logical), len(given))):  # (an index loop: compiled, it runs in C, where zip() builds tuples)
         id_ = logical[k]
         layouts.append(() if id_.is_reduction() else given[k])
-    return TvState(state.mesh, layouts)
+    return new_state(state.mesh, layouts)
 
 
 @dataclass(slots=True)
@@ -272,9 +272,9 @@ def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan
         if s is not None and s.mesh is not None:
             mesh = s.mesh
             break
-    operands = [TvState(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule))
+    operands = [new_state(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule))
                 for i, tv in enumerate(expr.tv_inputs)]
-    results = [TvState(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule))
+    results = [new_state(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule))
                for i, tv in enumerate(expr.tv_outputs)]
     return ComputePlan(mesh, factors, operands, results)
 
@@ -412,7 +412,7 @@ def _plan_cost(expr, plan: ComputePlan, result_states: list, operand_states: lis
 def arriving_state(actual: TvState, required: TvState) -> TvState:
     """An operand as it arrives: its open axes (None) as required."""
     a, r = actual.layouts, required.layouts
-    return TvState(actual.mesh, [r[k] if a[k] is None else a[k] for k in range(min(len(a), len(r)))])
+    return new_state(actual.mesh, [r[k] if a[k] is None else a[k] for k in range(min(len(a), len(r)))])
 
 
 def result_only_axes(expr, rule, out_index: int) -> list:

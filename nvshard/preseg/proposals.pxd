@@ -32,6 +32,12 @@ cdef class Propagated:
 
 cpdef Propagated propagated_through(tuple via, tensors)
 
+@cython.locals(d=Decision)
+cpdef Decision new_decision(digits, priority, stage, source)
+
+@cython.locals(o=Opinion)
+cpdef Opinion new_opinion(digits, tv, priority, role, mesh, compound, linked)
+
 cpdef crossing_stage(kind, bint compound)
 
 cpdef direction_between(src_role, dst_role)

@@ -87,6 +87,13 @@ class Opinion:
     linked: bool  # read off an axis of a pass-through class (classes.py)
 
 
+def new_opinion(digits, tv, priority, role, mesh, compound, linked) -> Opinion:
+    """Opinion(...), its fields filled directly (see new_decision)."""
+    o = Opinion.__new__(Opinion)
+    o.digits, o.tv, o.priority, o.role, o.mesh, o.compound, o.linked = digits, tv, priority, role, mesh, compound, linked
+    return o
+
+
 @cython.no_gc
 @cython.freelist(256)
 @cython.cclass
@@ -227,3 +234,13 @@ class Decision:
     priority: int
     stage: Stage
     source: Source
+
+
+def new_decision(digits, priority, stage, source) -> Decision:
+    """Decision(digits, priority, stage, source). (Compiled, calling a
+    record's class parses its arguments through Python's protocol; this
+    fills the new record's fields directly. The engine makes one per
+    decision.)"""
+    d = Decision.__new__(Decision)
+    d.digits, d.priority, d.stage, d.source = digits, priority, stage, source
+    return d

@@ -5,7 +5,7 @@
 import cython
 
 from nvshard.multidevice cimport layout
-from nvshard.preseg.program cimport TvState
+from nvshard.preseg.program cimport TvState, new_state
 
 
 cdef class NumelModel:

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from ..multidevice import layout
 from ..multidevice.collectives import collective, format_bytes
-from .program import TvState
+from .program import TvState, new_state
 
 
 @dataclass(slots=True)
@@ -165,12 +165,12 @@ def _plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Ste
     if mesh is None:
         return []
     steps: list[Step] = []
-    cur = TvState(mesh, list(src.layouts))
+    cur = new_state(mesh, list(src.layouts))
     # Expanded broadcast axes hold one value per position: re-lay them out locally.
     relaid = [dst.layouts[k] if tv.logical[k].is_broadcast() and not tv.logical[k].is_reduction() else d
               for k, d in enumerate(cur.layouts)]
     if not _all_same(relaid, cur.layouts):
-        after = TvState(mesh, relaid)
+        after = new_state(mesh, relaid)
         steps.append(Step("slice", None, None, None, cur, after, 0.0))
         cur = after
     if cur.key() == dst.key():
@@ -188,7 +188,7 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
     keep_pending = {m for k in reduction for m in layout.mesh_axes_of(dst.layouts[k])}
     goal = dst.key()
 
-    start = TvState(mesh, list(src.layouts))
+    start = new_state(mesh, list(src.layouts))
     frontier = [(0.0, 0, start.key(), start, [])]
     best = {start.key(): 0.0}
     counter = 1
@@ -200,7 +200,7 @@ def _search(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int) ->
             continue
         numel = model.local_numel(tv, state)
         for kind, m, a, b, new_layouts in _moves(state, dst, sizes, iteration, reduction, keep_pending):
-            after = TvState(mesh, new_layouts)
+            after = new_state(mesh, new_layouts)
             nbytes = collective(kind).factor(sizes[m]) * numel * itemsize
             new_key = after.key()
             new_cost = cost + nbytes
@@ -298,12 +298,12 @@ def _cross_mesh(tv, src: TvState, dst: TvState, model: NumelModel, itemsize: int
     if same_shape and not src.pending(tv) and _all_same(src.layouts, dst.layouts):
         numel = model.local_numel(tv, src)
         # copies: cached steps must not share states a pass may still change
-        return [Step("send_recv", None, None, None, TvState(src.mesh, list(src.layouts)),
-                     TvState(dst.mesh, list(dst.layouts)), numel * itemsize)]
+        return [Step("send_recv", None, None, None, new_state(src.mesh, list(src.layouts)),
+                     new_state(dst.mesh, list(dst.layouts)), numel * itemsize)]
     replicated = [() for _ in tv.logical]
-    steps = plan_reshard(tv, src, TvState(src.mesh, replicated), model)
-    on_dst = TvState(dst.mesh, replicated)
-    steps.append(Step("broadcast", None, None, None, TvState(src.mesh, replicated), on_dst,
+    steps = plan_reshard(tv, src, new_state(src.mesh, replicated), model)
+    on_dst = new_state(dst.mesh, replicated)
+    steps.append(Step("broadcast", None, None, None, new_state(src.mesh, replicated), on_dst,
                       model.full_numel(tv) * itemsize))
     steps += plan_reshard(tv, on_dst, dst, model)
     return steps
