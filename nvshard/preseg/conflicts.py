@@ -16,6 +16,7 @@ Shardy does). Candidates are scored by, in order:
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 
 try:
@@ -31,6 +32,9 @@ from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
+# The candidates' sort key. (Not Scored.key: compiled, that names the C method,
+# which Cython wraps as a callable of a different C signature.)
+_SCORE = operator.methodcaller("key")
 
 
 @cython.no_gc
@@ -76,7 +80,7 @@ class ConflictResolver:
             facts = [(m.axis, layout.key(m.digits), str(m.mesh)) for m in choices]
             scored.append(Scored(choices, cost, min([m.priority for m in dropped], default=float("inf")),
                                  forward, tuple(sorted(facts))))
-        scored.sort(key=Scored.key)
+        scored.sort(key=_SCORE)
         best = scored[0]
         reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
         self.engine.log.conflict(tv, [(s.choices, s.cost) for s in scored], best.choices, reason)
