@@ -12,7 +12,7 @@ from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program
 from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, compete, crossing_stage, direction_between,
-                                       new_decision, new_opinion, propagated_through)
+                                       new_choice, new_decision, new_opinion, new_proposal, propagated_through)
 
 
 cdef class Engine:

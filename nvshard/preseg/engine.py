@@ -52,8 +52,8 @@ from .log import DecisionLog
 from .program import Program, TvState
 from .projection import Role, axis_factors, split_axis
 from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Opinion, Proposal, Propagated, Stage,
-                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between, new_decision,
-                        new_opinion, propagated_through)
+                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between, new_choice,
+                        new_decision, new_opinion, new_proposal, propagated_through)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
@@ -356,7 +356,7 @@ class Engine:
                 stage = max(stage, _CONTRACTION)
             for c in ops:
                 mesh_axes, key = self._layout_facts(c.digits)
-                proposals.append(Proposal(
+                proposals.append(new_proposal(
                     s.tv, s.axis, c.digits, c.mesh, c.priority, _RESHAPE if c.compound else stage, expr,
                     s.names, c.tv, direction_between(c.role, s.role), s.reduction, mesh_axes, key))
             return
@@ -490,8 +490,9 @@ class Engine:
                     key = (p.axis, layout.key(digits), p.mesh)
                 m = merged.get(key)
                 if m is None:
-                    m = merged[key] = Choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
-                                             mesh_axes=p.mesh_axes if digits is p.digits else None)
+                    m = merged[key] = new_choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
+                                                 p.mesh_axes if digits is p.digits
+                                                 else frozenset(layout.mesh_axes_of(digits)))
                 elif p.priority < m.priority or p.stage < m.stage:
                     m.priority = min(m.priority, p.priority)
                     m.stage = min(m.stage, p.stage)
@@ -636,8 +637,8 @@ class Engine:
         for axis in sorted(per_axis):
             for d, mesh, src, (direction, expr, names) in per_axis[axis]:
                 mesh_axes, key = self._layout_facts(d.digits)
-                arriving.append(Proposal(tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
-                                         direction, False, mesh_axes, key))
+                arriving.append(new_proposal(tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
+                                             direction, False, mesh_axes, key))
         self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(arriving)
         self._invalidate(tv)
         easy, _ = self.classify(tv)

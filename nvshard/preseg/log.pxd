@@ -1,9 +1,12 @@
 # Compiled types for log.py: the log and its entries (the engine calls decide directly).
 
+import cython
+
 cdef class DecisionLog:
     cdef public list entries
     cdef public set _notes
 
+    @cython.locals(entry=LoggedDecision)
     cpdef decide(self, tv, axis, digits, source, priority, stage, reason=*)
 
 

@@ -31,7 +31,12 @@ class DecisionLog:
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
         """`source` and `reason` are formatted with str() when the log is read."""
-        self.entries.append(LoggedDecision(tv, axis, digits, source, priority, stage, reason))
+        # (its fields filled directly: compiled, calling the class parses its
+        # arguments through Python's protocol, and a plan logs every decision)
+        entry = LoggedDecision.__new__(LoggedDecision)
+        entry.tv, entry.axis, entry.digits, entry.source = tv, axis, digits, source
+        entry.priority, entry.stage, entry.why = priority, stage, reason
+        self.entries.append(entry)
 
     def note(self, tv, text: str) -> None:
         if (tv, text) not in self._notes:

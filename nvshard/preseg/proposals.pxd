@@ -21,6 +21,13 @@ cdef class Decision:
 
 cpdef bint compete(Choice a, Choice b) except -1
 
+@cython.locals(p=Proposal)
+cpdef Proposal new_proposal(tv, Py_ssize_t axis, digits, mesh, priority, stage, expr, factor, source, direction,
+                            reduction, mesh_axes, key)
+
+@cython.locals(m=Choice)
+cpdef Choice new_choice(Py_ssize_t axis, digits, mesh, priority, stage, reduction, mesh_axes)
+
 cdef class Opinion:
     cdef public object digits, tv, priority, role, mesh, compound, linked
 

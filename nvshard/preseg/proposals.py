@@ -149,6 +149,26 @@ class Choice:
         self.mesh_axes = frozenset(layout.mesh_axes_of(digits)) if mesh_axes is None else mesh_axes
 
 
+def new_proposal(tv, axis, digits, mesh, priority, stage, expr, factor, source, direction, reduction, mesh_axes,
+                 key) -> Proposal:
+    """Proposal(...) with its layout facts given, its fields filled directly
+    (see new_decision): the engine makes one per opinion per target."""
+    p = Proposal.__new__(Proposal)
+    p.tv, p.axis, p.digits, p.mesh, p.priority, p.stage = tv, axis, digits, mesh, priority, stage
+    p.expr, p.factor, p.source, p.direction, p.reduction = expr, factor, source, direction, reduction
+    p.mesh_axes, p.key = mesh_axes, key
+    return p
+
+
+def new_choice(axis, digits, mesh, priority, stage, reduction, mesh_axes) -> Choice:
+    """Choice(...) with no sources yet and its mesh axes given, its fields
+    filled directly (see new_decision)."""
+    m = Choice.__new__(Choice)
+    m.axis, m.digits, m.mesh, m.priority, m.stage, m.reduction = axis, digits, mesh, priority, stage, reduction
+    m.sources, m.mesh_axes = [], mesh_axes
+    return m
+
+
 def compete(a: Choice, b: Choice) -> bool:
     """Whether two choices for one tensor cannot both hold."""
     if a.mesh is not None and b.mesh is not None and a.mesh is not b.mesh and a.mesh != b.mesh:
