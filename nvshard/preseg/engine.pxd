@@ -40,7 +40,7 @@ cdef class Engine:
     cpdef set used(self, tv, reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
-                   per_target=dict)
+                   per_target=dict, targets=list, pair=tuple)
     cpdef list _expr_proposals(self, expr, changed=*)
 
     @cython.locals(c=Opinion, o=Opinion)

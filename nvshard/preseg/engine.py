@@ -281,7 +281,11 @@ class Engine:
         if open_to is None:  # axes that may take a proposal (annotations are final)
             open_to = self._open_to[expr] = [(i, s) for i, s in enumerate(slots)
                                              if s.reduction or s.tv not in frozen]
-        targets = [(i, s) for i, s in open_to if decided[s.tv][s.axis] is None]
+        targets = []
+        for pair in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
+            s = pair[1]
+            if decided[s.tv][s.axis] is None:
+                targets.append(pair)
         if not targets:
             return []
         level = self.level
