@@ -66,6 +66,21 @@ def test_pass_through_axes_form_one_class_and_contractions_separate_them():
     assert classes.count() == (4, 12)  # chain rows, chain columns, out/after rows, out/after columns
 
 
+def test_an_axis_ends_are_its_links_ends_in_link_order():
+    """ends_of, which the spread walks, is every link's ends of the axis,
+    made once: the middle of the chain has a link on each side."""
+    fd, chain, out, after = _chain(4)
+    classes = _engine(fd, [[8, 16], [4, 16]]).classes
+    middle = chain[2]
+    for axis in (0, 1):
+        links = classes.of(middle, axis)
+        assert len(links) == 2
+        ends = classes.ends_of(middle, axis)
+        assert ends == [end for link in links for end in link.ends(middle)]
+        assert [(end.tv, end.axis) for end, _ in ends] == [(chain[1], axis), (chain[3], axis)]
+        assert classes.ends_of(middle, axis) is ends
+
+
 def test_links_are_made_once_per_rule_and_follow_a_new_annotation():
     """A second plan with the same annotations and rules reuses the classes;
     an expr's links are its rule's structure, reused even when the classes

@@ -46,6 +46,23 @@ def _symbolic() -> Size:
     return Size.of(tv.logical[0].extent())
 
 
+@pytest.mark.parametrize("a, b, expected", [
+    ((), None, True),
+    (("x",), ("x",), True),
+    (("x", Size(4)), ("x", Size(4)), True),  # equal Sizes, distinct objects
+    (("y", "x", Size(2)), ("y", "x", Size(2)), True),
+    (("x",), ("y",), False),
+    (("x", Size(4)), ("x", Size(2)), False),
+    (("x",), ("x", Size(2)), False),
+    ((Size(2), "x"), ("x", Size(2)), False),
+    (("x",), (), False),
+])
+def test_same_layout_is_equal_keys(a, b, expected):
+    """layout.same compares digit by digit; it must agree with the keys."""
+    assert layout.same(a, b) is expected and layout.same(b, a) is expected
+    assert (layout.key(a) == layout.key(b)) is expected
+
+
 def test_symbolic_local_block_before_a_mesh_axis_is_an_error():
     with pytest.raises(NvShardError, match=r"T5 axis 0: layout \[\* DIDx \*\] needs a split by a symbolic extent"):
         tv_splits("T5", {0: (_symbolic(), "x", _symbolic())}, SIZES)
