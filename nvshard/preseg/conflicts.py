@@ -246,7 +246,8 @@ class ConflictResolver:
                     break
             if whole:
                 rule = engine.p.rule(other)
-                results = [new_state(engine.mesh[o], [d.digits for d in ds]) for o, ds in zip(other.tv_outputs, decided)]
+                results = [new_state(engine.mesh[o], [d.digits for d in ds])
+                           for o, ds in zip(other.tv_outputs, decided)]
                 compute = plan_compute(other, results, rule)
                 made.add(compute.operands[other.tv_inputs.index(operand)].key())
             elif other.tv_inputs.index(operand) == position and rule_text(engine.p.rule(other)) == shape:

@@ -90,7 +90,8 @@ class Opinion:
 def new_opinion(digits, tv, priority, role, mesh, compound, linked) -> Opinion:
     """Opinion(...), its fields filled directly (see new_decision)."""
     o = Opinion.__new__(Opinion)
-    o.digits, o.tv, o.priority, o.role, o.mesh, o.compound, o.linked = digits, tv, priority, role, mesh, compound, linked
+    o.digits, o.tv, o.priority, o.role, o.mesh = digits, tv, priority, role, mesh
+    o.compound, o.linked = compound, linked
     return o
 
 
