@@ -53,7 +53,8 @@ cdef class CostModel:
     cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
 
     @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, actuals=list, total=Cost, cost=Cost,
-                   inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t)
+                   inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t, layouts=list,
+                   k=Py_ssize_t)
     cpdef _run_cost(self, Expr expr, dict states, dict outs, shared=*)
 
 

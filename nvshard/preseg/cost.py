@@ -214,9 +214,10 @@ class CostModel:
 
     def _run_cost(self, expr, states, outs, shared=None) -> Cost:
         for o in expr.tv_outputs:
-            for k, d in enumerate(outs[o].layouts):
-                if d is None:
-                    outs[o].layouts[k] = ()
+            layouts = outs[o].layouts
+            for k in range(len(layouts)):  # (an index loop: compiled, no tuple per axis)
+                if layouts[k] is None:
+                    layouts[k] = ()
         actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
         compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
                                self.price)

@@ -40,7 +40,7 @@ cdef class Engine:
     cpdef set used(self, tv, reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
-                   per_target=dict, targets=list, pair=tuple)
+                   per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t)
     cpdef list _expr_proposals(self, expr, changed=*)
 
     @cython.locals(c=Opinion, o=Opinion)
@@ -105,7 +105,7 @@ cdef class Engine:
     @cython.locals(axes=dict, exprs=dict)
     cpdef _after_change(self, changed)
 
-    @cython.locals(d=Decision, tv=TensorView)
+    @cython.locals(d=Decision, tv=TensorView, decided=list, k=Py_ssize_t)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list)

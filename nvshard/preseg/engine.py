@@ -290,7 +290,8 @@ class Engine:
             return []
         level = self.level
         opinions: dict = {}  # factor -> [Opinion]
-        for i, s in enumerate(slots):
+        for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
+            s = slots[i]
             d = decided[s.tv][s.axis]
             if d is None or not d.digits or d.priority > level:
                 continue
@@ -674,9 +675,10 @@ class Engine:
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
         for tv in self.p.state:
-            for k, d in enumerate(self.decided[tv]):
-                if d is None:
-                    self.decided[tv][k] = new_decision((), self.level, _ANNOTATION, _UNREACHED)
+            decided = self.decided[tv]
+            for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)
+                if decided[k] is None:
+                    decided[k] = new_decision((), self.level, _ANNOTATION, _UNREACHED)
         self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]

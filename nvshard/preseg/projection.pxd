@@ -49,7 +49,7 @@ cpdef dict factor_layouts(expr, list result_states, rule)
 
 cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*)
 
-@cython.locals(s=TvState, operands=list, results=list)
+@cython.locals(s=TvState, operands=list, results=list, inputs=list, outputs=list, i=Py_ssize_t, tv=TensorView)
 cpdef _compute_plan(expr, dict factors, list result_states, rule)
 
 @cython.locals(state=TvState, out=list, from_operands=dict, i=Py_ssize_t)

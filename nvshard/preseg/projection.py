@@ -272,10 +272,14 @@ def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan
         if s is not None and s.mesh is not None:
             mesh = s.mesh
             break
-    operands = [new_state(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule))
-                for i, tv in enumerate(expr.tv_inputs)]
-    results = [new_state(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule))
-               for i, tv in enumerate(expr.tv_outputs)]
+    # (index loops, not comprehensions: compiled, tv is typed only in a loop)
+    inputs, outputs, operands, results = expr.tv_inputs, expr.tv_outputs, [], []
+    for i in range(len(inputs)):
+        tv = inputs[i]
+        operands.append(new_state(mesh, unproject(operand_axes(expr, i, rule), len(tv.logical), factors, rule)))
+    for i in range(len(outputs)):
+        tv = outputs[i]
+        results.append(new_state(mesh, unproject(result_axes(expr, i, rule), len(tv.logical), factors, rule)))
     return ComputePlan(mesh, factors, operands, results)
 
 
