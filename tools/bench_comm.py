@@ -64,7 +64,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# this checkout's nvshard first (the venv may hold another checkout in develop
+# mode: a worktree's run would otherwise time that one), then the sibling tools
+for p in (os.path.dirname(HERE), HERE):
+    sys.path.insert(0, p)
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
