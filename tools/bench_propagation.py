@@ -73,7 +73,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 # this checkout's nvshard first (the venv may hold another checkout in develop
 # mode: a worktree's run would otherwise time that one), then the sibling tools
-for p in (os.path.dirname(HERE), HERE):
+for p in (HERE, os.path.dirname(HERE)):  # (each goes in front: the checkout ends up first)
     sys.path.insert(0, p)
 
 import torch  # noqa: E402
