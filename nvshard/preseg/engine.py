@@ -496,8 +496,7 @@ class Engine:
                 m = merged.get(key)
                 if m is None:
                     m = merged[key] = new_choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
-                                                 p.mesh_axes if digits is p.digits
-                                                 else frozenset(layout.mesh_axes_of(digits)))
+                                                 p.mesh_axes if digits is p.digits else None)
                 elif p.priority < m.priority or p.stage < m.stage:
                     m.priority = min(m.priority, p.priority)
                     m.stage = min(m.stage, p.stage)
@@ -589,7 +588,7 @@ class Engine:
                     per_axis.setdefault(end.axis, []).append((d, mesh, tv, via))
             frontier = []
             # (one tensor, one axis: the common case, no sort to call)
-            for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else list(arriving)):
+            for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
                 per_axis = arriving[t]
                 if t in self.by_target or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)

@@ -370,17 +370,15 @@ def reuses_mesh_axis(tv, layouts) -> bool:
 
 
 def same_state(a: TvState, b: TvState) -> bool:
-    """a.key() == b.key() without building the keys: Size compares by its
-    key, a mesh axis name never equals a Size, and an open axis (None) keys
-    as replicated."""
+    """a.key() == b.key() without building the keys (layout.same per axis;
+    an open axis, None, keys as replicated)."""
     if a.mesh is not b.mesh and a.mesh != b.mesh:  # (identity first: one mesh is the common case)
         return False
     la, lb = a.layouts, b.layouts
     if len(la) != len(lb):
         return False
     for k in range(len(la)):  # (an index loop: compiled, no tuple per pair)
-        x, y = la[k], lb[k]
-        if x is not y and (x or ()) != (y or ()):
+        if not layout.same(la[k], lb[k]):
             return False
     return True
 

@@ -26,7 +26,7 @@ cpdef Proposal new_proposal(tv, Py_ssize_t axis, digits, mesh, priority, stage, 
                             reduction, mesh_axes, key)
 
 @cython.locals(m=Choice)
-cpdef Choice new_choice(Py_ssize_t axis, digits, mesh, priority, stage, reduction, mesh_axes)
+cpdef Choice new_choice(Py_ssize_t axis, digits, mesh, priority, stage, reduction, mesh_axes=*)
 
 cdef class Opinion:
     cdef public object digits, tv, priority, role, mesh, compound, linked

@@ -161,12 +161,13 @@ def new_proposal(tv, axis, digits, mesh, priority, stage, expr, factor, source, 
     return p
 
 
-def new_choice(axis, digits, mesh, priority, stage, reduction, mesh_axes) -> Choice:
-    """Choice(...) with no sources yet and its mesh axes given, its fields
-    filled directly (see new_decision)."""
+def new_choice(axis, digits, mesh, priority, stage, reduction, mesh_axes=None) -> Choice:
+    """Choice(...) with no sources yet, its fields filled directly (see
+    new_decision)."""
     m = Choice.__new__(Choice)
     m.axis, m.digits, m.mesh, m.priority, m.stage, m.reduction = axis, digits, mesh, priority, stage, reduction
-    m.sources, m.mesh_axes = [], mesh_axes
+    m.sources = []
+    m.mesh_axes = frozenset(layout.mesh_axes_of(digits)) if mesh_axes is None else mesh_axes
     return m
 
 
