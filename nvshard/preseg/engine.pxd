@@ -15,6 +15,22 @@ from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, comp
                                        new_choice, new_decision, new_opinion, new_proposal, propagated_through)
 
 
+cdef class TensorEntry:
+    cdef public TensorView tv
+    cdef public object number
+    cdef public list decided
+    cdef public object mesh, home
+    cdef public bint frozen
+    cdef public list reduction_flags, adjacent
+    cdef public set used_iteration, used_reduction
+    cdef public tuple classified
+    cdef public dict by_expr
+
+
+@cython.locals(t=TensorEntry)
+cpdef TensorEntry new_entry(TensorView tv, list decided, mesh, home, bint frozen, list reduction_flags, list adjacent)
+
+
 cdef class Engine:
     cdef public Program p
     cdef public object cost
@@ -22,13 +38,13 @@ cdef class Engine:
     cdef public dict decided, mesh
     cdef public set frozen
     cdef public object level, releasing
-    cdef public dict proposals, by_target, _classes
+    cdef public dict proposals, entries
     cdef public set _stale
     cdef public dict _easy_targets
     cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
-    cdef public dict adjacent, _reduction_axes, _used_iteration, _used_reduction, _layouts_seen, _open_to
+    cdef public dict adjacent, _reduction_axes, _layouts_seen, _open_to
     cdef public dict _per_target, _changed_axes
     cdef public object _refresh_by_factor
     cdef public dict home
@@ -36,41 +52,45 @@ cdef class Engine:
     cdef public PassThroughClasses classes
     cdef public dict depth, canon
 
-    @cython.locals(d=Decision, cache=dict, flags=list, decided=list, k=Py_ssize_t)
-    cpdef set used(self, tv, reduction)
+    @cython.locals(d=Decision, used=set, flags=list, decided=list, k=Py_ssize_t)
+    cpdef set used(self, TensorEntry t, bint reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
-                   per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t)
+                   per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t, t=TensorEntry,
+                   entries=dict)
     cpdef list _expr_proposals(self, expr, changed=*)
 
     @cython.locals(c=Opinion, o=Opinion)
     cpdef _target_proposals(self, i, AxisFactors s, expr, rule, kinds, dict opinions, linked, waiting, is_pending,
                             slots, list proposals)
 
-    @cython.locals(s=AxisFactors)
+    @cython.locals(s=AxisFactors, t=TensorEntry)
     cpdef bint _operand_open(self, slots) except -1
 
-    @cython.locals(s=AxisFactors, d=Decision)
+    @cython.locals(s=AxisFactors, d=Decision, t=TensorEntry)
     cpdef _pending_options(self, f, ops, slots)
 
     @cython.locals(p=Proposal, m=Choice, merged=dict, decided=list)
-    cpdef list valid(self, tv)
+    cpdef list valid(self, TensorEntry t)
 
-    @cython.locals(m=Choice)
+    @cython.locals(classified=tuple)
     cpdef tuple classify(self, tv)
 
-    @cython.locals(m=Choice)
+    @cython.locals(m=Choice, classified=tuple, valid=list, easy=list, competing=list)
+    cpdef tuple _classified(self, TensorEntry t)
+
+    @cython.locals(m=Choice, t=TensorEntry, entries=dict)
     cpdef _apply(self, list items, reason=*)
 
-    cpdef _record(self, tv, Py_ssize_t axis, digits, mesh, Decision decision, reason)
+    cpdef _record(self, TensorEntry t, Py_ssize_t axis, digits, mesh, Decision decision, reason)
 
-    @cython.locals(d=Decision, end=AxisFactors, link=Link, decided=dict, meshes=dict, home=dict, arriving=dict,
-                   per_axis=dict, classes=PassThroughClasses, offers=list, pair=tuple, changed=set,
-                   axis=Py_ssize_t)
+    @cython.locals(d=Decision, end=AxisFactors, entries=dict, arriving=dict, per_axis=dict,
+                   classes=PassThroughClasses, offers=list, pair=tuple, changed=set, axis=Py_ssize_t,
+                   origin=TensorEntry, t=TensorEntry)
     cpdef set _spread(self, list frontier)
 
     @cython.locals(d=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
-    cpdef bint _uncontested(self, tv, dict per_axis) except -1
+    cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
     @cython.locals(m=Choice, stale=set)
     cpdef _reclassify(self)
@@ -86,33 +106,34 @@ cdef class Engine:
     cpdef tuple _conflict_order(self, tv)
 
     @cython.locals(mesh=DeviceMesh)
-    cpdef bint _closed(self, tv) except -1
+    cpdef bint _closed(self, TensorEntry t) except -1
 
     cpdef tuple _layout_facts(self, digits)
 
-    @cython.locals(p=Proposal, by_target=dict, touched=set, old=list, new=list, per_expr=dict, props=list)
+    @cython.locals(p=Proposal, entries=dict, touched=set, old=list, new=list, per_expr=dict, props=list,
+                   t=TensorEntry)
     cpdef _refresh(self, exprs, changed=*)
 
-    cpdef _invalidate(self, tv)
+    cpdef _invalidate(self, TensorEntry t)
 
     cpdef list current_choices(self, tv)
 
-    cpdef _decide(self, tv, Choice m, reason)
+    cpdef _decide(self, TensorEntry t, Choice m, reason)
 
     @cython.locals(m=Choice)
     cpdef _apply_easy(self, list items)
 
-    @cython.locals(axes=dict, exprs=dict)
+    @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry)
     cpdef _after_change(self, changed)
 
     @cython.locals(d=Decision, tv=TensorView, decided=list, k=Py_ssize_t)
     cpdef _finish(self)
 
-    @cython.locals(tv=TensorView, decided=list)
+    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)
     cpdef _seed(self)
 
     @cython.locals(d=Decision, m=Choice, arriving=list)
-    cpdef list _offer(self, tv, dict per_axis)
+    cpdef list _offer(self, TensorEntry t, dict per_axis)
 
 
 @cython.locals(o=Choice)

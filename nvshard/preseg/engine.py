@@ -42,6 +42,11 @@ import itertools
 import operator
 import zlib
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..ops.registry import FactorKind
@@ -68,11 +73,46 @@ _UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
 _NUMBER = operator.attrgetter("number")
 
 
+@cython.no_gc
+@cython.cclass
+class TensorEntry:
+    """What the engine knows of one tensor during a plan, in one record: the
+    inner loops look a tensor up once, not once per thing they read of it."""
+
+    __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
+                 "used_iteration", "used_reduction", "classified", "by_expr")
+
+    tv: object
+    number: int  # the tensor's (the order every rank visits tensors in)
+    decided: list  # [Decision or None] per logical axis: the list Engine.decided holds
+    mesh: object  # as Engine.mesh holds it (the two are written together)
+    home: object  # its stage's mesh (_stage_meshes), or None
+    frozen: bool  # annotated, or an unannotated input: decided up front
+    reduction_flags: list  # per logical axis, whether it is a reduction axis
+    adjacent: list  # the exprs with results that touch it (_adjacency)
+    # the mesh axes its decided iteration (reduction) axes use: None until asked, and after they change
+    used_iteration: object
+    used_reduction: object
+    classified: object  # its (easy, competing, valid) choices (Engine._classified); None when stale
+    by_expr: object  # {expr (or _CLASS): [Proposal]} targeting it; None when there are none
+
+
+def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
+    """A TensorEntry with nothing derived yet, its fields filled directly
+    (compiled, calling the class would parse arguments through Python's
+    protocol; a plan makes one per tensor)."""
+    t = TensorEntry.__new__(TensorEntry)
+    t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
+    t.reduction_flags, t.adjacent = reduction_flags, adjacent
+    t.used_iteration = t.used_reduction = t.classified = t.by_expr = None
+    return t
+
+
 class Engine:
     __slots__ = (
-        "p", "cost", "log", "decided", "mesh", "frozen", "level", "releasing", "proposals", "by_target",
-        "_classes", "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
-        "_reduction_axes", "_used_iteration", "_used_reduction", "_layouts_seen", "_open_to", "_per_target",
+        "p", "cost", "log", "decided", "mesh", "frozen", "level", "releasing", "proposals", "entries",
+        "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
+        "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
         "_changed_axes", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
     )
 
@@ -90,8 +130,7 @@ class Engine:
         self.level = 0
         self.releasing = False
         self.proposals: dict = {}  # expr -> [Proposal]
-        self.by_target: dict = {}  # tv -> {expr: [Proposal]}
-        self._classes: dict = {}  # tv -> (easy [Choice], competing [Choice], valid [Choice])
+        self.entries: dict = {}  # tv -> TensorEntry (its proposals by expr, its choices, ...)
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
         self._stale: set = set()
@@ -102,9 +141,6 @@ class Engine:
         # (read only: kept with the fusion)
         self.adjacent, self._reduction_axes, self.depth, self.canon = _kept_with_fusion(
             program, "engine graph structure", _graph_structure, program)
-        # tv -> mesh axes its decided iteration (reduction) axes use, until they change
-        self._used_iteration: dict = {}
-        self._used_reduction: dict = {}
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self._open_to: dict = {}  # expr -> its axes that are not annotated
         self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
@@ -118,8 +154,10 @@ class Engine:
 
     # -- setup ------------------------------------------------------------------------
     def _seed(self) -> None:
+        home, flags, adjacent = self.home, self._reduction_axes, self.adjacent
         for tv, state in self.p.state.items():
             n = len(tv.logical)
+            frozen = True
             if tv.mesh is not None:
                 prio = tv.sharding_priority or 0
                 source = Annotation(tv)
@@ -130,17 +168,20 @@ class Engine:
                         decided.append(None)  # pending sums stay open
                     else:
                         decided.append(new_decision(digits, prio, _ANNOTATION, source))
-                self.decided[tv] = decided
-                self.mesh[tv] = tv.mesh
-                self.frozen.add(tv)
+                mesh = tv.mesh
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                self.decided[tv] = [new_decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT) for _ in range(n)]
-                self.mesh[tv] = None
-                self.frozen.add(tv)
+                decided = [new_decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT) for _ in range(n)]
+                mesh = None
             else:
-                self.decided[tv] = [None] * n
-                self.mesh[tv] = None
+                decided = [None] * n
+                mesh = None
+                frozen = False
+            self.decided[tv] = decided
+            self.mesh[tv] = mesh
+            if frozen:
+                self.frozen.add(tv)
+            self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, flags[tv], adjacent[tv])
 
     # -- the main loop ----------------------------------------------------------------------
     def run(self) -> None:
@@ -232,28 +273,30 @@ class Engine:
         return (min([m.priority for m in competing]), self.depth.get(tv, 0), self.canon.get(tv, 0), tv.number)
 
     # -- proposals ------------------------------------------------------------------------------
-    def _closed(self, tv) -> bool:
+    def _closed(self, t: TensorEntry) -> bool:
         """No more decisions will reach this tensor's open axes."""
-        if tv in self.frozen:
+        if t.frozen:
             return True
-        mesh = self.mesh[tv]
+        mesh = t.mesh
         if mesh is None:
             return False
-        return mesh.axis_sizes().keys() <= self.used(tv, reduction=False)
+        return mesh.axis_sizes().keys() <= self.used(t, False)
 
-    def used(self, tv, reduction: bool) -> set:
-        """Mesh axes tv's decided iteration (or reduction) axes use; cached
-        until tv's decisions change."""
-        cache = self._used_reduction if reduction else self._used_iteration
-        used = cache.get(tv)
+    def used(self, t: TensorEntry, reduction: bool) -> set:
+        """Mesh axes the tensor's decided iteration (or reduction) axes use;
+        kept until its decisions change (_record)."""
+        used = t.used_reduction if reduction else t.used_iteration
         if used is None:
             used = set()
-            flags, decided = self._reduction_axes[tv], self.decided[tv]
+            flags, decided = t.reduction_flags, t.decided
             for k in range(len(decided)):
                 d = decided[k]
                 if d is not None and d.digits and flags[k] == reduction:
                     used |= self._layout_facts(d.digits)[0]
-            cache[tv] = used
+            if reduction:
+                t.used_reduction = used
+            else:
+                t.used_iteration = used
         return used
 
     def _expr_proposals(self, expr, changed=None) -> list:
@@ -289,13 +332,15 @@ class Engine:
         if not targets:
             return []
         level = self.level
+        entries = self.entries
         opinions: dict = {}  # factor -> [Opinion]
         for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
             s = slots[i]
-            d = decided[s.tv][s.axis]
+            t = entries[s.tv]
+            d = t.decided[s.axis]
             if d is None or not d.digits or d.priority > level:
                 continue
-            mesh = self.mesh[s.tv]
+            mesh = t.mesh
             if not s.compound:
                 f = s.factors[0]
                 o = new_opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked)
@@ -408,8 +453,10 @@ class Engine:
     def _operand_open(self, slots) -> bool:
         """Whether an operand axis is still open and may yet be decided."""
         for s in slots:
-            if s.role is _OPERAND and self.decided[s.tv][s.axis] is None and not self._closed(s.tv):
-                return True
+            if s.role is _OPERAND:
+                t = self.entries[s.tv]
+                if t.decided[s.axis] is None and not self._closed(t):
+                    return True
         return False
 
     def _pending_options(self, f, ops, slots):
@@ -420,24 +467,24 @@ class Engine:
         for s in slots:
             if s.role is not _OPERAND or f not in s.factors:
                 continue
-            tv = s.tv
-            d = self.decided[tv][s.axis]
-            if d is None and not self._closed(tv) and not self.releasing:
+            t = self.entries[s.tv]
+            d = t.decided[s.axis]
+            if d is None and not self._closed(t) and not self.releasing:
                 return None
             if d is not None and d.digits:
                 continue
-            used = self.used(tv, reduction=False)
+            used = self.used(t, False)
             for o in ops:
                 if used & set(layout.mesh_axes_of(o.digits)):
-                    prio = max([x.priority for x in self.decided[tv] if x is not None], default=self.level)
-                    options.append(Opinion((), tv, min(prio, self.level), _OPERAND, self.mesh[tv], False, False))
+                    prio = max([x.priority for x in t.decided if x is not None], default=self.level)
+                    options.append(Opinion((), t.tv, min(prio, self.level), _OPERAND, t.mesh, False, False))
                     break
         return options
 
     def _refresh(self, exprs, changed=None) -> None:
         """Re-derives the exprs' proposals (changed: see _expr_proposals)."""
-        touched = set()
-        by_target = self.by_target
+        touched = set()  # TensorEntry (invalidating is order-free)
+        entries = self.entries
         internal = self.classes.internal
         for e in exprs:
             if e in internal:
@@ -445,38 +492,41 @@ class Engine:
             old = self.proposals.get(e)
             if old:
                 for tv in {p.tv for p in old}:
-                    touched.add(tv)
-                    by_target.get(tv, {}).pop(e, None)
+                    t = entries[tv]
+                    touched.add(t)
+                    if t.by_expr is not None:
+                        t.by_expr.pop(e, None)
             new = self._expr_proposals(e, changed)
             self.proposals[e] = new
             for p in new:
-                touched.add(p.tv)
-                per_expr = by_target.get(p.tv)
+                t = entries[p.tv]
+                touched.add(t)
+                per_expr = t.by_expr
                 if per_expr is None:
-                    per_expr = by_target[p.tv] = {}
+                    per_expr = t.by_expr = {}
                 props = per_expr.get(e)
                 if props is None:
                     per_expr[e] = [p]
                 else:
                     props.append(p)
-        for tv in touched:
-            self._invalidate(tv)
-            if tv in by_target and not by_target[tv]:  # (an entry holds one proposal at least)
-                del by_target[tv]
+        for t in touched:
+            self._invalidate(t)
+            if t.by_expr is not None and not t.by_expr:  # (by_expr holds one proposal at least, or is None)
+                t.by_expr = None
 
-    def _invalidate(self, tv) -> None:
-        self._classes.pop(tv, None)
-        self._stale.add(tv)
+    def _invalidate(self, t: TensorEntry) -> None:
+        t.classified = None
+        self._stale.add(t.tv)
 
     # -- classification ---------------------------------------------------------------------------
-    def valid(self, tv) -> list:
-        """tv's proposals that still fit it, merged into one Choice per layout."""
+    def valid(self, t: TensorEntry) -> list:
+        """The tensor's proposals that still fit it, merged into one Choice per layout."""
         merged: dict = {}
-        by_expr = self.by_target.get(tv)
+        by_expr = t.by_expr
         if not by_expr:
             return []
-        used_it, used_red = self.used(tv, False), self.used(tv, True)
-        decided, own_mesh = self.decided[tv], self.mesh[tv] or self.home.get(tv)
+        used_it, used_red = self.used(t, False), self.used(t, True)
+        decided, own_mesh = t.decided, t.mesh or t.home
         for props in by_expr.values():
             for p in props:
                 if decided[p.axis] is not None:
@@ -505,59 +555,66 @@ class Engine:
 
     def classify(self, tv):
         """(easy, competing): tv's choices that nothing competes with, and the rest."""
-        cached = self._classes.get(tv)
-        if cached is not None:
-            return cached[0], cached[1]
-        valid = self.valid(tv)
-        easy, competing = [], []
-        for m in valid:
-            if _competes(m, valid):
-                competing.append(m)
-            else:
-                easy.append(m)
-        self._classes[tv] = (easy, competing, valid)
-        return easy, competing
+        classified = self._classified(self.entries[tv])
+        return classified[0], classified[1]
 
     def current_choices(self, tv) -> list:
-        """valid(tv) as of now, kept with the classification (both change
+        """valid() as of now, kept with the classification (both change
         only when tv's proposals or decisions do); callers must not change it."""
-        cached = self._classes.get(tv)
-        if cached is None:
-            self.classify(tv)
-            cached = self._classes[tv]
-        return cached[2]
+        return self._classified(self.entries[tv])[2]
+
+    def _classified(self, t: TensorEntry) -> tuple:
+        """(easy, competing, valid) choices of the tensor, kept until its
+        proposals or decisions change (_invalidate)."""
+        classified = t.classified
+        if classified is None:
+            valid = self.valid(t)
+            easy, competing = [], []
+            for m in valid:
+                if _competes(m, valid):
+                    competing.append(m)
+                else:
+                    easy.append(m)
+            classified = t.classified = (easy, competing, valid)
+        return classified
 
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason="") -> None:
         changed = set()
         spreading = []
+        entries = self.entries
         for tv, m in items:
-            if self.decided[tv][m.axis] is not None:
+            t = entries[tv]
+            if t.decided[m.axis] is not None:
                 continue
-            self._decide(tv, m, reason)
+            self._decide(t, m, reason)
             changed.add(tv)
             if m.digits and self.classes.of(tv, m.axis) is not None:
-                spreading.append((tv, m.axis))
+                spreading.append((t, m.axis))
         if spreading:
             changed |= self._spread(spreading)
         self._after_change(changed)
 
-    def _decide(self, tv, m: Choice, reason) -> None:
-        self._record(tv, m.axis, m.digits, m.mesh, new_decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
+    def _decide(self, t: TensorEntry, m: Choice, reason) -> None:
+        self._record(t, m.axis, m.digits, m.mesh, new_decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
 
-    def _record(self, tv, axis: int, digits, mesh, decision: Decision, reason) -> None:
-        if self.mesh[tv] is None and mesh is not None:
-            self.mesh[tv] = mesh
-        self.decided[tv][axis] = decision
+    def _record(self, t: TensorEntry, axis: int, digits, mesh, decision: Decision, reason) -> None:
+        tv = t.tv
+        if t.mesh is None and mesh is not None:
+            t.mesh = self.mesh[tv] = mesh
+        t.decided[axis] = decision
         axes = self._changed_axes.get(tv)
         if axes is None:
             self._changed_axes[tv] = {axis}
         else:
             axes.add(axis)
-        (self._used_reduction if self._reduction_axes[tv][axis] else self._used_iteration).pop(tv, None)
+        if t.reduction_flags[axis]:
+            t.used_reduction = None
+        else:
+            t.used_iteration = None
         self.log.decide(tv, axis, digits, decision.source, decision.priority, STAGE_TEXT[decision.stage], reason)
-        if tv in self._classes or tv in self.by_target:
-            self._invalidate(tv)
+        if t.classified is not None or t.by_expr is not None:
+            self._invalidate(t)
 
     def _spread(self, frontier: list) -> set:
         """Carry decisions along their pass-through classes' links, a link
@@ -567,19 +624,20 @@ class Engine:
         layouts arriving in this layer, its tensor's other axes); otherwise
         the layout becomes an ordinary proposal for the axis and the wave
         stops there, for the conflict to be resolved like any other.
-        Returns the tensors decided."""
-        decided, classes, meshes, home = self.decided, self.classes, self.mesh, self.home
+        `frontier`: [(TensorEntry, axis)] just decided. Returns the tensors decided."""
+        entries, classes = self.entries, self.classes
         changed = set()
         while frontier:
-            arriving: dict = {}  # tv -> {axis: [(Decision, mesh, source tv, (direction, expr, factor names))]}
-            for tv, axis in frontier:
-                d = decided[tv][axis]
-                mesh = meshes[tv]
+            arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, source tv, (direction, expr, factor names))]}
+            for origin, axis in frontier:
+                tv = origin.tv
+                d = origin.decided[axis]
+                mesh = origin.mesh
                 for end, via in classes.ends_of(tv, axis):
-                    t = end.tv
-                    if decided[t][end.axis] is not None:
+                    t = entries[end.tv]
+                    if t.decided[end.axis] is not None:
                         continue
-                    own = meshes[t] or home.get(t)
+                    own = t.mesh or t.home
                     if own is not None and own is not mesh and own != mesh:  # (identity first: the common case)
                         continue
                     per_axis = arriving.get(t)
@@ -590,7 +648,7 @@ class Engine:
             # (one tensor, one axis: the common case, no sort to call)
             for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
                 per_axis = arriving[t]
-                if t in self.by_target or not self._uncontested(t, per_axis):
+                if t.by_expr is not None or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)
                     continue
                 for axis in (sorted(per_axis) if len(per_axis) > 1 else per_axis):  # (nothing adds to it here)
@@ -604,13 +662,13 @@ class Engine:
                     self._record(t, axis, d.digits, mesh, new_decision(d.digits, priority, _PASS_THROUGH, source), "")
                     frontier.append((t, axis))
             for pair in frontier:
-                changed.add(pair[0])
+                changed.add(pair[0].tv)
         return changed
 
-    def _uncontested(self, tv, per_axis: dict) -> bool:
+    def _uncontested(self, t: TensorEntry, per_axis: dict) -> bool:
         """One layout arrives per axis, and the mesh axes they use are free
-        on tv and distinct."""
-        used = self.used(tv, reduction=False)
+        on the tensor and distinct."""
+        used = self.used(t, False)
         if not used and len(per_axis) == 1:  # (the common case: one offer to an axis of a fresh tensor)
             for offers in per_axis.values():
                 if len(offers) == 1:
@@ -633,23 +691,26 @@ class Engine:
                 return False
         return True
 
-    def _offer(self, tv, per_axis: dict) -> list:
-        """The arriving layouts as proposals beside tv's others, classified
-        as any proposals are: the easy choices they make up are decided, the
-        rest stay proposals. Returns the axes decided."""
+    def _offer(self, t: TensorEntry, per_axis: dict) -> list:
+        """The arriving layouts as proposals beside the tensor's others,
+        classified as any proposals are: the easy choices they make up are
+        decided, the rest stay proposals. Returns the axes decided, as
+        [(TensorEntry, axis)]."""
         arriving = []
         for axis in sorted(per_axis):
             for d, mesh, src, (direction, expr, names) in per_axis[axis]:
                 mesh_axes, key = self._layout_facts(d.digits)
-                arriving.append(new_proposal(tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
+                arriving.append(new_proposal(t.tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
                                              direction, False, mesh_axes, key))
-        self.by_target.setdefault(tv, {}).setdefault(_CLASS, []).extend(arriving)
-        self._invalidate(tv)
-        easy, _ = self.classify(tv)
+        if t.by_expr is None:
+            t.by_expr = {}
+        t.by_expr.setdefault(_CLASS, []).extend(arriving)
+        self._invalidate(t)
+        easy = self._classified(t)[0]
         taken = [m for m in easy if _offered_in(m, arriving)]
         for m in taken:
-            self._decide(tv, m, "")
-        return [(tv, m.axis) for m in taken]
+            self._decide(t, m, "")
+        return [(t, m.axis) for m in taken]
 
     def _apply_easy(self, items: list) -> None:
         """Easy choices apply as they are, except that a pending sum competes
@@ -664,10 +725,12 @@ class Engine:
     def _after_change(self, changed) -> None:
         axes, self._changed_axes = self._changed_axes, {}
         exprs: dict = {}
+        entries = self.entries
         # (every decided tensor is among `changed`; the union keeps that true)
         for tv in sorted(set(changed).union(axes), key=_NUMBER):
-            self._invalidate(tv)
-            for e in self.adjacent.get(tv, []):
+            t = entries[tv]
+            self._invalidate(t)
+            for e in t.adjacent:
                 exprs[e] = None
         self._refresh(list(exprs), axes if self._refresh_by_factor else None)
 
@@ -687,7 +750,7 @@ class Engine:
             self.p.state[tv] = TvState(mesh, layouts)
 
 
-_CLASS = "pass-through class"  # by_target's key for proposals a class's spread left open
+_CLASS = "pass-through class"  # TensorEntry.by_expr's key for proposals a class's spread left open
 
 
 def _expr_structure(expr, rule) -> tuple:

@@ -37,6 +37,7 @@ cdef class Propagated:
     cdef public object direction, expr, factor, tensors
 
 
+@cython.locals(source=Propagated)
 cpdef Propagated propagated_through(tuple via, tensors)
 
 @cython.locals(d=Decision)
