@@ -6,7 +6,7 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
-from nvshard.preseg.cost cimport CostModel, remembered_key
+from nvshard.preseg.cost cimport CostModel
 from nvshard.preseg.engine cimport Engine
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
@@ -37,8 +37,8 @@ cdef class ConflictResolver:
     @cython.locals(around=list, tensors=list)
     cpdef list _costs(self, tv, list candidates)
 
-    @cython.locals(engine=Engine, d=Decision, m=Choice, parts=list, seen=set, others=dict, shared=dict,
-                   place=dict, c=list, e=Expr, o=TensorView)
+    @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, others=dict,
+                   shared=dict, place=dict, c=list, e=Expr, o=TensorView)
     cpdef tuple _question(self, tv, list candidates, list around)
 
     @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr)
@@ -58,7 +58,7 @@ cdef class ConflictResolver:
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)
 
 
-cpdef tuple _facts(Choice m, dict keys)
+cpdef tuple _facts(Choice m, CostModel cost)
 
 cpdef bint _any_none(values) except -1
 

@@ -26,7 +26,7 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 
 from ..multidevice import layout
 from ..ops.registry import FactorKind
-from .cost import Cost, remembered_key
+from .cost import Cost
 from .program import new_state
 from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
@@ -149,20 +149,20 @@ class ConflictResolver:
         tensors are, the other tensors' states, the choices of its open
         results (_options) and how its operands are shared (_sharing); and
         each place's signature (dtype, axes, extents, weight)."""
-        engine, keys = self.engine, self.cost.layout_keys
+        engine, cost = self.engine, self.cost
         tensors, place, fixed = self._neighbourhood(tv)
         parts = [fixed, engine.mesh[tv],
-                 tuple([None if d is None else remembered_key(keys, d.digits) for d in engine.decided[tv]]),
-                 tuple([tuple([_facts(m, keys) for m in c]) for c in candidates])]
+                 tuple([None if d is None else cost.layout_number(d.digits) for d in engine.decided[tv]]),
+                 tuple([tuple([_facts(m, cost) for m in c]) for c in candidates])]
         seen = {tv}
         for e, others, shared in around:
             for t, (layouts, mesh) in others.items():
                 if t not in seen:
                     seen.add(t)
-                    parts.append((mesh, tuple([remembered_key(keys, x) if x else x for x in layouts])))
+                    parts.append((mesh, tuple([cost.layout_number(x) if x else x for x in layouts])))
             for o in e.tv_outputs:
                 if _any_none(others[o][0] if o is not tv else engine.decided[tv]):
-                    parts.append(tuple([_facts(m, keys) for m in engine.current_choices(o)]))
+                    parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))
                 else:
                     parts.append(None)
             parts.append(tuple([(place[t], frozenset(made), sharers) for t, (made, sharers) in shared.items()]))
@@ -183,7 +183,7 @@ class ConflictResolver:
                         place[t] = len(tensors)
                         tensors.append(t)
                 exprs.append((rule_text(engine.p.rule(e)), tuple([place[t] for t in ends])))
-            fixed = (tuple(exprs), tuple([self.cost.signature(t) for t in tensors]))
+            fixed = (tuple(exprs), tuple([self.cost.signature_number(t) for t in tensors]))
             known = self._neighbourhoods[tv] = (tensors, place, fixed)
         return known
 
@@ -348,11 +348,11 @@ def _any_compete(chosen: list) -> bool:
     return False
 
 
-def _facts(m: Choice, keys: dict) -> tuple:
-    """What a cost reads of a choice: its axis and layout (its key, kept in
-    the cost model's `keys`), and what compete() compares besides (its mesh,
-    whether it is a pending sum)."""
-    return (m.axis, remembered_key(keys, m.digits), m.mesh, m.reduction)
+def _facts(m: Choice, cost) -> tuple:
+    """What a cost reads of a choice: its axis and layout (its number in the
+    cost model), and what compete() compares besides (its mesh, whether it
+    is a pending sum)."""
+    return (m.axis, cost.layout_number(m.digits), m.mesh, m.reduction)
 
 
 class ByCost:

@@ -7,7 +7,7 @@ import cython
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state
-from nvshard.preseg.reshard cimport NumelModel, plan_reshard
+from nvshard.preseg.reshard cimport NumelModel, numbered, plan_reshard
 from nvshard.preseg.projection cimport (annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis,
                                         rule_text, same_state)
 
@@ -30,10 +30,16 @@ cdef class CostModel:
     cdef public Program program
     cdef public object sizes, symbolic
     cdef public _RememberingNumel numel
-    cdef public dict _answers, _signatures, layout_keys, _expr_questions
+    cdef public dict _answers, _signatures, _signature_numbers, _signature_table, _layout_numbers, _layout_table
+    cdef public dict _expr_questions
     cdef public set _weights
 
     cpdef tuple signature(self, TensorView tv)
+
+    cpdef signature_number(self, TensorView tv)
+
+    @cython.locals(entry=tuple)
+    cpdef layout_number(self, digits)
 
     cpdef bint is_weight(self, tv) except -1
 
@@ -44,7 +50,7 @@ cdef class CostModel:
     @cython.locals(tensors=list)
     cpdef expr_cost(self, Expr expr, dict states, dict options, shared=*)
 
-    @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, parts=list, keys=dict, state=TvState,
+    @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, parts=list, state=TvState,
                    t=TensorView, o=TensorView, i=Py_ssize_t)
     cpdef tuple _question(self, Expr expr, dict states, dict options, shared)
 
@@ -64,9 +70,6 @@ cpdef tuple _signature(TensorView tv, sizes, dict extents)
 cpdef _axis_size(IterDomain id_)
 
 cpdef _size_value(sizes, size)
-
-@cython.locals(entry=tuple)
-cpdef tuple remembered_key(dict known, digits)
 
 cpdef reshard_bytes(tv, TvState src, TvState dst, NumelModel numel)
 

@@ -25,7 +25,7 @@ from .program import TvState, new_state
 from .projection import annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis, rule_text, same_state
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
-from .reshard import NumelModel, plan_reshard
+from .reshard import NumelModel, numbered, plan_reshard
 
 SYMBOLIC_EXTENT_GUESS = 2048
 MAX_COMPLETIONS = 64
@@ -95,8 +95,8 @@ class Cost:
 
 class CostModel:
     __slots__ = (
-        "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "layout_keys", "_expr_questions",
-        "_weights"
+        "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "_signature_numbers",
+        "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights"
     )
 
     def __init__(self, program, sizes=None):
@@ -106,9 +106,13 @@ class CostModel:
         self.numel = _RememberingNumel(sizes)
         self._answers: dict = {}  # expr_cost by structure and states
         self._signatures: dict = {}
-        # id(layout) -> (layout, layout.key): the same decided layouts are asked
-        # about over and over (remembered_key)
-        self.layout_keys: dict = {}
+        # Questions (here and in conflicts.py) name signatures and layouts by
+        # numbers, this plan's (as reshard.plan_key does): a lookup then hashes
+        # and compares a few ints, not nested tuples of sizes and keys.
+        self._signature_numbers: dict = {}  # tv -> its signature's number
+        self._signature_table: dict = {}  # signature -> its number
+        self._layout_numbers: dict = {}  # id(layout) -> (layout, its key's number)
+        self._layout_table: dict = {}  # layout.key -> its number
         self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
         self._weights = {
             v for v in program.inputs
@@ -126,6 +130,24 @@ class CostModel:
         if sig is None:
             sig = self._signatures[tv] = (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
         return sig
+
+    def signature_number(self, tv: TensorView):
+        """signature(tv)'s number: equal signatures, equal numbers."""
+        n = self._signature_numbers.get(tv)
+        if n is None:
+            n = self._signature_numbers[tv] = numbered(self._signature_table, self.signature(tv))
+        return n
+
+    def layout_number(self, digits):
+        """layout.key(digits)'s number (-1: replicated): equal layouts, equal
+        numbers. Kept per layout object: propagation hands one object from
+        tensor to tensor (the entry keeps it alive, so its id is not reused)."""
+        if not digits:
+            return -1
+        entry = self._layout_numbers.get(id(digits))
+        if entry is None:
+            entry = self._layout_numbers[id(digits)] = (digits, numbered(self._layout_table, layout.key(digits)))
+        return entry[1]
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
@@ -169,19 +191,18 @@ class CostModel:
             tensors = expr.tv_inputs + expr.tv_outputs
             first = {}
             head = (rule_text(self.program.rule(expr)), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]))
-            sigs = [self.signature(t) for t in tensors]
+            sigs = [self.signature_number(t) for t in tensors]
             fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
         tensors, first, head, sigs = fixed
         parts = list(head)
-        keys = self.layout_keys
         for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
             state = states[tensors[i]]
-            # the key of () is (); an open axis (None) stays None
-            parts.append((sigs[i], state.mesh, tuple([remembered_key(keys, d) if d else d for d in state.layouts])))
+            # () stays (), an open axis (None) stays None
+            parts.append((sigs[i], state.mesh, tuple([self.layout_number(d) if d else d for d in state.layouts])))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
-                    parts.append((first[o], k, tuple([remembered_key(keys, x) for x in options.get((o, k), [()])])))
+                    parts.append((first[o], k, tuple([self.layout_number(x) for x in options.get((o, k), [()])])))
         if shared:
             for t in expr.tv_inputs:
                 if t in shared:
@@ -238,19 +259,6 @@ class CostModel:
             tv = outputs[i]
             total = total + self.reshard(tv, results[i], resolved(tv, outs[tv]))
         return total
-
-
-def remembered_key(known: dict, digits) -> tuple:
-    """layout.key(digits), kept in `known` by the layout object's id (the
-    entry keeps the object alive, so its id is not reused)."""
-    if not digits:
-        return ()
-    entry = known.get(id(digits))
-    if entry is not None:
-        return entry[1]
-    key = layout.key(digits)
-    known[id(digits)] = (digits, key)
-    return key
 
 
 def _extent(sizes, tv: TensorView, k: int) -> float:
