@@ -89,7 +89,7 @@ cdef class Engine:
                    origin=TensorEntry, t=TensorEntry)
     cpdef set _spread(self, list frontier)
 
-    @cython.locals(d=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
+    @cython.locals(d=Decision, other=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
     @cython.locals(m=Choice, stale=set)

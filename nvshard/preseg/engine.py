@@ -68,6 +68,7 @@ _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, S
 _ANNOTATION = Stage.ANNOTATION
 # Sources with nothing to say but what they are: one each (frozen, so sharing them is safe).
 _UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
+_NO_MESH_AXES = frozenset()  # a replicated layout's
 # The order every rank visits tensors in (a sort key that is a C function:
 # a module function would be called through Python's protocol per element)
 _NUMBER = operator.attrgetter("number")
@@ -167,11 +168,12 @@ class Engine:
                     if id_.is_reduction() and not digits:
                         decided.append(None)  # pending sums stay open
                     else:
-                        decided.append(new_decision(digits, prio, _ANNOTATION, source))
+                        mesh_axes, key = self._layout_facts(digits)
+                        decided.append(new_decision(digits, prio, _ANNOTATION, source, mesh_axes, key))
                 mesh = tv.mesh
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                decided = [new_decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT) for _ in range(n)]
+                decided = [new_decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT, _NO_MESH_AXES, ()) for _ in range(n)]
                 mesh = None
             else:
                 decided = [None] * n
@@ -292,7 +294,7 @@ class Engine:
             for k in range(len(decided)):
                 d = decided[k]
                 if d is not None and d.digits and flags[k] == reduction:
-                    used |= self._layout_facts(d.digits)[0]
+                    used |= d.mesh_axes
             if reduction:
                 t.used_reduction = used
             else:
@@ -596,7 +598,9 @@ class Engine:
         self._after_change(changed)
 
     def _decide(self, t: TensorEntry, m: Choice, reason) -> None:
-        self._record(t, m.axis, m.digits, m.mesh, new_decision(m.digits, m.priority, m.stage, Propagated(m)), reason)
+        key = self._layout_facts(m.digits)[1]
+        decision = new_decision(m.digits, m.priority, m.stage, Propagated(m), m.mesh_axes, key)
+        self._record(t, m.axis, m.digits, m.mesh, decision, reason)
 
     def _record(self, t: TensorEntry, axis: int, digits, mesh, decision: Decision, reason) -> None:
         tv = t.tv
@@ -659,7 +663,8 @@ class Engine:
                     else:
                         source = propagated_through(via, [o[2] for o in offers])
                         priority = min([o[0].priority for o in offers])
-                    self._record(t, axis, d.digits, mesh, new_decision(d.digits, priority, _PASS_THROUGH, source), "")
+                    self._record(t, axis, d.digits, mesh,
+                                 new_decision(d.digits, priority, _PASS_THROUGH, source, d.mesh_axes, d.key), "")
                     frontier.append((t, axis))
             for pair in frontier:
                 changed.add(pair[0].tv)
@@ -676,10 +681,11 @@ class Engine:
         taken = None  # the mesh axes the arriving layouts take (no copy of `used` to grow)
         for offers in per_axis.values():
             d, mesh = offers[0][0], offers[0][1]
-            mesh_axes, key = self._layout_facts(d.digits)
+            mesh_axes, key = d.mesh_axes, d.key
             for j in range(1, len(offers)):  # (an index loop: no slice to copy)
                 o = offers[j]
-                if (o[1] is not mesh and o[1] != mesh) or self._layout_facts(o[0].digits)[1] != key:
+                other = o[0]
+                if (o[1] is not mesh and o[1] != mesh) or other.key != key:
                     return False
             if used and not used.isdisjoint(mesh_axes):  # (most targets have no axis decided yet)
                 return False
@@ -699,9 +705,8 @@ class Engine:
         arriving = []
         for axis in sorted(per_axis):
             for d, mesh, src, (direction, expr, names) in per_axis[axis]:
-                mesh_axes, key = self._layout_facts(d.digits)
                 arriving.append(new_proposal(t.tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
-                                             direction, False, mesh_axes, key))
+                                             direction, False, d.mesh_axes, d.key))
         if t.by_expr is None:
             t.by_expr = {}
         t.by_expr.setdefault(_CLASS, []).extend(arriving)
@@ -740,7 +745,7 @@ class Engine:
             decided = self.decided[tv]
             for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)
                 if decided[k] is None:
-                    decided[k] = new_decision((), self.level, _ANNOTATION, _UNREACHED)
+                    decided[k] = new_decision((), self.level, _ANNOTATION, _UNREACHED, _NO_MESH_AXES, ())
         self.p.fill_meshes(self.mesh, self.frozen, self.home)
         for tv in self.p.state:
             mesh = self.mesh[tv]

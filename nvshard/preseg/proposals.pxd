@@ -17,7 +17,7 @@ cdef class Choice:
     cdef public object mesh_axes
 
 cdef class Decision:
-    cdef public object digits, priority, stage, source
+    cdef public object digits, priority, stage, source, mesh_axes, key
 
 cpdef bint compete(Choice a, Choice b) except -1
 
@@ -41,7 +41,7 @@ cdef class Propagated:
 cpdef Propagated propagated_through(tuple via, tensors)
 
 @cython.locals(d=Decision)
-cpdef Decision new_decision(digits, priority, stage, source)
+cpdef Decision new_decision(digits, priority, stage, source, mesh_axes, key)
 
 @cython.locals(o=Opinion)
 cpdef Opinion new_opinion(digits, tv, priority, role, mesh, compound, linked)

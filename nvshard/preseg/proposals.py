@@ -256,13 +256,17 @@ class Decision:
     priority: int
     stage: Stage
     source: Source
+    # what the engine compares of the layout, carried from decision to decision
+    # as a spread hands it on (None when not given)
+    mesh_axes: Optional[frozenset] = None  # of digits
+    key: Optional[tuple] = None  # layout.key(digits)
 
 
-def new_decision(digits, priority, stage, source) -> Decision:
-    """Decision(digits, priority, stage, source). (Compiled, calling a
-    record's class parses its arguments through Python's protocol; this
-    fills the new record's fields directly. The engine makes one per
-    decision.)"""
+def new_decision(digits, priority, stage, source, mesh_axes, key) -> Decision:
+    """Decision(digits, priority, stage, source, mesh_axes, key). (Compiled,
+    calling a record's class parses its arguments through Python's
+    protocol; this fills the new record's fields directly. The engine
+    makes one per decision.)"""
     d = Decision.__new__(Decision)
-    d.digits, d.priority, d.stage, d.source = digits, priority, stage, source
+    d.digits, d.priority, d.stage, d.source, d.mesh_axes, d.key = digits, priority, stage, source, mesh_axes, key
     return d
