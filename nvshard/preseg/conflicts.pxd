@@ -6,7 +6,7 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
-from nvshard.preseg.cost cimport CostModel
+from nvshard.preseg.cost cimport Cost, CostModel
 from nvshard.preseg.engine cimport Engine
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
@@ -34,7 +34,7 @@ cdef class ConflictResolver:
     @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
     cpdef tuple _candidates(self, tv)
 
-    @cython.locals(around=list, tensors=list)
+    @cython.locals(around=list, tensors=list, known=list, costs=list, cost=Cost, unnamed=list)
     cpdef list _costs(self, tv, list candidates)
 
     @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, others=dict,

@@ -136,10 +136,17 @@ class ConflictResolver:
         around = self._around(tv)
         question, tensors = self._question(tv, candidates, around)
         known = self._answers.get(question)
+        costs = []
         if known is not None:
-            return [c.renamed(tensors) for c in known]
-        costs = [self._cost(tv, c, around) for c in candidates]
-        self._answers[question] = [c.unnamed(tensors) for c in costs]
+            for cost in known:  # (a loop: compiled, a comprehension's variable is untyped)
+                costs.append(cost.renamed(tensors))
+            return costs
+        for c in candidates:
+            costs.append(self._cost(tv, c, around))
+        unnamed = []
+        for cost in costs:
+            unnamed.append(cost.unnamed(tensors))
+        self._answers[question] = unnamed
         return costs
 
     def _question(self, tv, candidates: list, around: list) -> tuple:

@@ -18,6 +18,11 @@ cdef class Cost:
 
     cpdef tuple key(self)
 
+    @cython.locals(place=dict, i=Py_ssize_t)
+    cpdef Cost unnamed(self, list tensors)
+
+    cpdef Cost renamed(self, list tensors)
+
 
 cdef class _RememberingNumel(NumelModel):
     cdef public dict _signatures, _extents
@@ -47,7 +52,7 @@ cdef class CostModel:
 
     cpdef Cost reshard(self, tv, TvState src, TvState dst)
 
-    @cython.locals(tensors=list)
+    @cython.locals(tensors=list, known=Cost, best=Cost)
     cpdef expr_cost(self, Expr expr, dict states, dict options, shared=*)
 
     @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, parts=list, state=TvState,

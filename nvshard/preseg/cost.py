@@ -41,7 +41,9 @@ class Cost:
     weight: float
     other: float
     symbolic: bool
-    steps: list  # (tensor name, Step)
+    # (tensor, note, Step): named when described (a plan compares far more
+    # costs than its log prints); unnamed, the tensor's place in a question
+    steps: list
 
     def __init__(self, weight=0.0, other=0.0, symbolic=False, steps=None):
         # (written out: compiled, a generated __init__ with a default factory
@@ -63,25 +65,20 @@ class Cost:
 
     def scaled(self, factor: float, note: str) -> "Cost":
         """This cost shared: `note` says why, in the described steps."""
-        steps = [(f"{name} ({note})", step) for name, step in self.steps]
+        steps = [(t, f"{said} ({note})" if said else f"({note})", step) for t, said, step in self.steps]
         return Cost(self.weight * factor, self.other * factor, self.symbolic, steps)
 
     def unnamed(self, tensors: list) -> "Cost":
-        """This cost with each step's tensor named by its place in `tensors`
-        (to be kept for a question asked again about other tensors)."""
+        """This cost with each step's tensor as its place in `tensors` (to
+        be kept for a question asked again about other tensors)."""
         place = {}
-        for i, t in enumerate(tensors):
-            place.setdefault(t.short_name(), i)
-        steps = []
-        for name, step in self.steps:
-            head, _, note = name.partition(" ")
-            steps.append(((place[head], note), step))
-        return Cost(self.weight, self.other, self.symbolic, steps)
+        for i in range(len(tensors)):
+            place.setdefault(tensors[i], i)
+        return Cost(self.weight, self.other, self.symbolic, [(place[t], note, step) for t, note, step in self.steps])
 
     def renamed(self, tensors: list) -> "Cost":
-        """An unnamed cost with the names of `tensors` put back."""
-        steps = [(tensors[i].short_name() + (" " + note if note else ""), step) for (i, note), step in self.steps]
-        return Cost(self.weight, self.other, self.symbolic, steps)
+        """An unnamed cost with the tensors of `tensors` put back."""
+        return Cost(self.weight, self.other, self.symbolic, [(tensors[i], note, step) for i, note, step in self.steps])
 
     def describe(self) -> str:
         if self.symbolic:
@@ -89,8 +86,12 @@ class Cost:
         else:
             text = format_bytes(self.total)
         moves = [f"{s.kind} {name}" + (f" over DID{s.mesh_axis}" if s.mesh_axis else "") + f" {format_bytes(s.bytes)}"
-                 for name, s in self.steps if s.bytes]
+                 for name, s in self._named_steps() if s.bytes]
         return text + (f": {'; '.join(moves)}" if moves else "")
+
+    def _named_steps(self) -> list:
+        """(tensor name and note, Step) per step."""
+        return [(t.short_name() + (" " + note if note else ""), step) for t, note, step in self.steps]
 
 
 class CostModel:
@@ -161,7 +162,7 @@ class CostModel:
             return Cost(symbolic=self.symbolic)
         steps = plan_reshard(tv, src, dst, self.numel)
         total = sum([s.bytes for s in steps])
-        named = [(tv.short_name(), s) for s in steps]
+        named = [(tv, "", s) for s in steps]
         if self.is_weight(tv):
             return Cost(total, 0.0, self.symbolic, named)
         return Cost(0.0, total, self.symbolic, named)
