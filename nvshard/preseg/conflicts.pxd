@@ -7,7 +7,7 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.cost cimport Cost, CostModel
-from nvshard.preseg.engine cimport Engine
+from nvshard.preseg.engine cimport Engine, TensorEntry
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
 from nvshard.preseg.proposals cimport Choice, Decision, Proposal, compete
@@ -38,20 +38,20 @@ cdef class ConflictResolver:
     cpdef list _costs(self, tv, list candidates)
 
     @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, others=dict,
-                   shared=dict, place=dict, c=list, e=Expr, o=TensorView)
+                   shared=dict, place=dict, c=list, e=Expr, o=TensorView, own=TensorEntry)
     cpdef tuple _question(self, tv, list candidates, list around)
 
     @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr)
     cpdef tuple _neighbourhood(self, tv)
 
-    @cython.locals(engine=Engine, d=Decision, around=list, others=dict, e=Expr)
+    @cython.locals(engine=Engine, d=Decision, around=list, others=dict, e=Expr, entry=TensorEntry)
     cpdef list _around(self, tv)
 
-    @cython.locals(engine=Engine, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict, e=Expr,
+    @cython.locals(entry=TensorEntry, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict, e=Expr,
                    o=TensorView)
     cpdef _cost(self, tv, list chosen, list around)
 
-    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, decided=list, whole=bint, other=Expr)
+    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, outs=list, whole=bint, other=Expr, entry=TensorEntry)
     cpdef tuple _sharing(self, Expr expr, operand)
 
     @cython.locals(m=Choice, c=Choice, opts=list, unique=dict, fits=bint)

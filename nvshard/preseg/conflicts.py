@@ -157,9 +157,10 @@ class ConflictResolver:
         results (_options) and how its operands are shared (_sharing); and
         each place's signature (dtype, axes, extents, weight)."""
         engine, cost = self.engine, self.cost
+        own = engine.entries[tv]
         tensors, place, fixed = self._neighbourhood(tv)
-        parts = [fixed, engine.mesh[tv],
-                 tuple([None if d is None else cost.layout_number(d.digits) for d in engine.decided[tv]]),
+        parts = [fixed, own.mesh,
+                 tuple([None if d is None else cost.layout_number(d.digits) for d in own.decided]),
                  tuple([tuple([_facts(m, cost) for m in c]) for c in candidates])]
         seen = {tv}
         for e, others, shared in around:
@@ -168,7 +169,7 @@ class ConflictResolver:
                     seen.add(t)
                     parts.append((mesh, tuple([cost.layout_number(x) if x else x for x in layouts])))
             for o in e.tv_outputs:
-                if _any_none(others[o][0] if o is not tv else engine.decided[tv]):
+                if _any_none(others[o][0] if o is not tv else own.decided):
                     parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))
                 else:
                     parts.append(None)
@@ -183,7 +184,7 @@ class ConflictResolver:
         if known is None:
             engine = self.engine
             tensors, place, exprs = [tv], {tv: 0}, []
-            for e in engine.adjacent.get(tv, []):
+            for e in engine.entries[tv].adjacent:
                 ends = e.tv_inputs + e.tv_outputs
                 for t in ends:
                     if t not in place:
@@ -200,25 +201,26 @@ class ConflictResolver:
         tensors' (layouts, mesh), their sharing)]."""
         engine = self.engine
         around = []
-        for e in engine.adjacent.get(tv, []):
+        for e in engine.entries[tv].adjacent:
             others = {}
             for t in e.tv_inputs + e.tv_outputs:
                 if t is not tv and t not in others:
-                    others[t] = ([d.digits if d is not None else None for d in engine.decided[t]], engine.mesh[t])
+                    entry = engine.entries[t]
+                    others[t] = ([d.digits if d is not None else None for d in entry.decided], entry.mesh)
             around.append((e, others, {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}))
         return around
 
     def _cost(self, tv, chosen: list, around: list) -> Cost:
         """Bytes the exprs around tv would move with `chosen` applied."""
-        engine = self.engine
-        mesh = engine.mesh[tv]
+        entry = self.engine.entries[tv]
+        mesh = entry.mesh
         if not mesh:
             mesh = None
             for m in chosen:
                 if m.mesh is not None:
                     mesh = m.mesh
                     break
-        layouts = [d.digits if d is not None else None for d in engine.decided[tv]]
+        layouts = [d.digits if d is not None else None for d in entry.decided]
         for m in chosen:
             layouts[m.axis] = m.digits
         own = new_state(mesh, layouts)
@@ -245,16 +247,15 @@ class ConflictResolver:
         for other in engine.p.consumers.get(operand, []):
             if other is expr or not other.tv_outputs:
                 continue
-            decided = [engine.decided[o] for o in other.tv_outputs]
+            outs = [engine.entries[o] for o in other.tv_outputs]
             whole = True
-            for ds in decided:
-                if _any_none(ds):
+            for entry in outs:
+                if _any_none(entry.decided):
                     whole = False
                     break
             if whole:
                 rule = engine.p.rule(other)
-                results = [new_state(engine.mesh[o], [d.digits for d in ds])
-                           for o, ds in zip(other.tv_outputs, decided)]
+                results = [new_state(entry.mesh, [d.digits for d in entry.decided]) for entry in outs]
                 compute = plan_compute(other, results, rule)
                 made.add(compute.operands[other.tv_inputs.index(operand)].key())
             elif other.tv_inputs.index(operand) == position and rule_text(engine.p.rule(other)) == shape:

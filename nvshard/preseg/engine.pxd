@@ -35,7 +35,6 @@ cdef class Engine:
     cdef public Program p
     cdef public object cost
     cdef public DecisionLog log
-    cdef public dict decided, mesh
     cdef public set frozen
     cdef public object level, releasing
     cdef public dict proposals, entries
@@ -55,7 +54,7 @@ cdef class Engine:
     @cython.locals(d=Decision, used=set, flags=list, decided=list, k=Py_ssize_t)
     cpdef set used(self, TensorEntry t, bint reduction)
 
-    @cython.locals(s=AxisFactors, d=Decision, decided=dict, frozen=set, opinions=dict, proposals=list,
+    @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
                    per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t, t=TensorEntry,
                    entries=dict)
     cpdef list _expr_proposals(self, expr, changed=*)
@@ -126,7 +125,7 @@ cdef class Engine:
     @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry)
     cpdef _after_change(self, changed)
 
-    @cython.locals(d=Decision, tv=TensorView, decided=list, k=Py_ssize_t)
+    @cython.locals(d=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry, meshes=dict)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)

@@ -85,8 +85,8 @@ class TensorEntry:
 
     tv: object
     number: int  # the tensor's (the order every rank visits tensors in)
-    decided: list  # [Decision or None] per logical axis: the list Engine.decided holds
-    mesh: object  # as Engine.mesh holds it (the two are written together)
+    decided: list  # [Decision or None] per logical axis
+    mesh: object  # its mesh, once it has one (None: not yet)
     home: object  # its stage's mesh (_stage_meshes), or None
     frozen: bool  # annotated, or an unannotated input: decided up front
     reduction_flags: list  # per logical axis, whether it is a reduction axis
@@ -111,7 +111,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
 
 class Engine:
     __slots__ = (
-        "p", "cost", "log", "decided", "mesh", "frozen", "level", "releasing", "proposals", "entries",
+        "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries",
         "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
         "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
         "_changed_axes", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
@@ -125,8 +125,6 @@ class Engine:
         self.p = program
         self.cost = cost
         self.log = log
-        self.decided: dict[TensorView, list] = {}  # tv -> [Decision or None] per logical axis
-        self.mesh: dict[TensorView, object] = {}
         self.frozen: set = set()
         self.level = 0
         self.releasing = False
@@ -179,8 +177,6 @@ class Engine:
                 decided = [None] * n
                 mesh = None
                 frozen = False
-            self.decided[tv] = decided
-            self.mesh[tv] = mesh
             if frozen:
                 self.frozen.add(tv)
             self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, flags[tv], adjacent[tv])
@@ -196,7 +192,8 @@ class Engine:
             self.resolver = None
 
     def _run(self) -> None:
-        levels = sorted({d.priority for tv in self.frozen for d in self.decided[tv] if d is not None}) or [0]
+        entries = self.entries
+        levels = sorted({d.priority for tv in self.frozen for d in entries[tv].decided if d is not None}) or [0]
         for level in levels:
             self.level = level
             self.releasing = False
@@ -308,7 +305,7 @@ class Engine:
         the layouts on its own factors. Pending sums read their operands'
         state as a whole and are always re-derived, as is everything when
         the contraction's waiting flips."""
-        decided = self.decided
+        entries = self.entries
         frozen = self.frozen
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
@@ -329,12 +326,12 @@ class Engine:
         targets = []
         for pair in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
             s = pair[1]
-            if decided[s.tv][s.axis] is None:
+            t = entries[s.tv]
+            if t.decided[s.axis] is None:
                 targets.append(pair)
         if not targets:
             return []
         level = self.level
-        entries = self.entries
         opinions: dict = {}  # factor -> [Opinion]
         for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
             s = slots[i]
@@ -605,7 +602,7 @@ class Engine:
     def _record(self, t: TensorEntry, axis: int, digits, mesh, decision: Decision, reason) -> None:
         tv = t.tv
         if t.mesh is None and mesh is not None:
-            t.mesh = self.mesh[tv] = mesh
+            t.mesh = mesh
         t.decided[axis] = decision
         axes = self._changed_axes.get(tv)
         if axes is None:
@@ -723,7 +720,7 @@ class Engine:
         pending = [(tv, m) for tv, m in items if m.reduction and m.digits]
         self._apply([(tv, m) for tv, m in items if not (m.reduction and m.digits)])
         for tv, m in pending:
-            if self.decided[tv][m.axis] is None:
+            if self.entries[tv].decided[m.axis] is None:
                 choices, reason = self.resolver.weigh_partial_sum(tv, m)
                 self._apply([(tv, c) for c in choices], reason)
 
@@ -741,15 +738,17 @@ class Engine:
 
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
-        for tv in self.p.state:
-            decided = self.decided[tv]
+        meshes = {}
+        for tv, t in self.entries.items():
+            decided = t.decided
             for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)
                 if decided[k] is None:
                     decided[k] = new_decision((), self.level, _ANNOTATION, _UNREACHED, _NO_MESH_AXES, ())
-        self.p.fill_meshes(self.mesh, self.frozen, self.home)
-        for tv in self.p.state:
-            mesh = self.mesh[tv]
-            layouts = [d.digits for d in self.decided[tv]]
+            meshes[tv] = t.mesh
+        self.p.fill_meshes(meshes, self.frozen, self.home)
+        for tv, t in self.entries.items():
+            mesh = meshes[tv]
+            layouts = [d.digits for d in t.decided]
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
             self.p.state[tv] = TvState(mesh, layouts)

@@ -123,7 +123,7 @@ def test_a_class_takes_its_sharding_in_one_spread():
     fd, chain, out, after = _chain(6)
     engine = _engine(fd, [[8, 16], [4, 16]])
     for tv in chain[1:]:
-        assert [d.digits != () for d in engine.decided[tv]] == [True, False]
+        assert [d.digits != () for d in engine.entries[tv].decided] == [True, False]
     # only the expr where the annotation enters the class ever proposed
     inside = [engine.p.producer[tv] for tv in chain[2:]] + [engine.p.producer[after]]
     assert all(e in engine.classes.internal for e in inside)
