@@ -342,7 +342,7 @@ class Engine:
             mesh = t.mesh
             if not s.compound:
                 f = s.factors[0]
-                o = new_opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked)
+                o = new_opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked, d.mesh_axes, d.key)
                 ops = opinions.get(f)
                 if ops is None:
                     opinions[f] = [o]
@@ -356,7 +356,8 @@ class Engine:
                 continue
             for f, digits in zip(s.factors, per):
                 if digits:
-                    opinions.setdefault(f, []).append(new_opinion(digits, s.tv, d.priority, s.role, mesh, True, False))
+                    opinions.setdefault(f, []).append(
+                        new_opinion(digits, s.tv, d.priority, s.role, mesh, True, False, None, None))
         if not opinions:
             return []
         # Through a contraction, an operand still open may yet bring a
@@ -404,7 +405,10 @@ class Engine:
             if waiting:
                 stage = max(stage, _CONTRACTION)
             for c in ops:
-                mesh_axes, key = self._layout_facts(c.digits)
+                if c.key is None:  # (a part of a layout a reshape splits, or an operand's "replicated")
+                    mesh_axes, key = self._layout_facts(c.digits)
+                else:
+                    mesh_axes, key = c.mesh_axes, c.key
                 proposals.append(new_proposal(
                     s.tv, s.axis, c.digits, c.mesh, c.priority, _RESHAPE if c.compound else stage, expr,
                     s.names, c.tv, direction_between(c.role, s.role), s.reduction, mesh_axes, key))

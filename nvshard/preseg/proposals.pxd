@@ -29,7 +29,7 @@ cpdef Proposal new_proposal(tv, Py_ssize_t axis, digits, mesh, priority, stage, 
 cpdef Choice new_choice(Py_ssize_t axis, digits, mesh, priority, stage, reduction, mesh_axes=*)
 
 cdef class Opinion:
-    cdef public object digits, tv, priority, role, mesh, compound, linked
+    cdef public object digits, tv, priority, role, mesh, compound, linked, mesh_axes, key
 
 
 # One per propagated decision, kept by the plan's log.
@@ -44,7 +44,7 @@ cpdef Propagated propagated_through(tuple via, tensors)
 cpdef Decision new_decision(digits, priority, stage, source, mesh_axes, key)
 
 @cython.locals(o=Opinion)
-cpdef Opinion new_opinion(digits, tv, priority, role, mesh, compound, linked)
+cpdef Opinion new_opinion(digits, tv, priority, role, mesh, compound, linked, mesh_axes, key)
 
 cpdef crossing_stage(kind, bint compound)
 

@@ -85,13 +85,16 @@ class Opinion:
     mesh: object
     compound: bool  # read off an axis made of several factors
     linked: bool  # read off an axis of a pass-through class (classes.py)
+    # the decision's layout facts, when it is the decision's whole layout (None: not given)
+    mesh_axes: Optional[frozenset] = None
+    key: Optional[tuple] = None
 
 
-def new_opinion(digits, tv, priority, role, mesh, compound, linked) -> Opinion:
+def new_opinion(digits, tv, priority, role, mesh, compound, linked, mesh_axes, key) -> Opinion:
     """Opinion(...), its fields filled directly (see new_decision)."""
     o = Opinion.__new__(Opinion)
     o.digits, o.tv, o.priority, o.role, o.mesh = digits, tv, priority, role, mesh
-    o.compound, o.linked = compound, linked
+    o.compound, o.linked, o.mesh_axes, o.key = compound, linked, mesh_axes, key
     return o
 
 
