@@ -159,3 +159,56 @@ def test_reshard_plans_forgotten_mid_plan_plan_the_same(monkeypatch):
     before = reshard._numbers_generation
     assert [_explained(fd, shapes) for fd, shapes in cases] == expected
     assert reshard._numbers_generation > before + 3
+
+
+def test_question_numbers_name_what_they_stand_for():
+    """The cost model's questions name layouts and signatures by numbers:
+    two layouts (or tensors) share a number exactly when their keys (or
+    signatures) are equal, whether or not they are one object; replicated
+    is -1."""
+    from nvshard.multidevice import layout
+    from nvshard.preseg.cost import CostModel
+    from nvshard.preseg.pipeline import _sizes
+    from nvshard.preseg.program import Program
+
+    fd, shapes = _triangle()
+    plan = nvfuser.propagate_shardings(fd, shapes)
+    program = Program(fd.fusion, _sizes(fd.fusion, shapes, None))
+    model = CostModel(program, program.sizes)
+    layouts = [d for s in plan.program.state.values() for d in s.layouts]
+    copies = [tuple(list(d)) for d in layouts if d]  # equal layouts, other objects
+    assert all(copy is not d for copy, d in zip(copies, [d for d in layouts if d]))
+    layouts += copies
+    by_key = {}
+    for d in layouts:
+        if d:
+            by_key.setdefault(layout.key(d), set()).add(model.layout_number(d))
+        else:
+            assert model.layout_number(d) == -1
+    assert len(by_key) > 2 and all(len(numbers) == 1 for numbers in by_key.values())
+    assert len({n for numbers in by_key.values() for n in numbers}) == len(by_key)
+    by_signature = {}
+    for tv in program.state:
+        by_signature.setdefault(model.signature(tv), set()).add(model.signature_number(tv))
+    assert len(by_signature) > 2 and all(len(numbers) == 1 for numbers in by_signature.values())
+    assert len({n for numbers in by_signature.values() for n in numbers}) == len(by_signature)
+
+
+def test_a_kept_cost_is_renamed_onto_other_tensors():
+    """A cost kept for a question names its steps' tensors by place; renamed
+    onto another layer's tensors it describes their moves, notes included."""
+    from nvshard.preseg.cost import Cost
+    from nvshard.preseg.reshard import Step
+
+    fd, _ = _mlp_stack([(DataType.Float, True), (DataType.Float, True)])
+    a, b, c, d = fd.fusion.tvs()[1:5]
+    gather = Step("allgather", "x", 0, None, None, None, 1024.0)
+    cost = Cost(0.0, 2048.0, False, [(b, "", gather), (a, "", gather)]).scaled(0.5, "shared by 2 consumers")
+    kept = cost.unnamed([a, b])
+    assert [(place, note) for place, note, _ in kept.steps] == [(1, "(shared by 2 consumers)"),
+                                                                (0, "(shared by 2 consumers)")]
+    text = kept.renamed([c, d]).describe()
+    assert text == (f"1.00 KiB: allgather {d.short_name()} (shared by 2 consumers) over DIDx 1.00 KiB; "
+                    f"allgather {c.short_name()} (shared by 2 consumers) over DIDx 1.00 KiB")
+    assert cost.describe() == text.replace(d.short_name(), "@").replace(c.short_name(), a.short_name()) \
+        .replace("@", b.short_name())
