@@ -15,9 +15,14 @@ from nvshard.preseg.proposals cimport Choice, Decision, Proposal, compete
 
 cdef class Scored:
     cdef public list choices
-    cdef public object cost, dropped_priority, forward, signature
+    cdef public Cost cost
+    cdef public object dropped_priority, forward, signature
 
     cpdef tuple key(self)
+
+
+@cython.locals(s=Scored)
+cpdef Scored new_scored(list choices, Cost cost, dropped_priority, forward, tuple signature)
 
 
 cdef class ConflictResolver:
@@ -25,7 +30,8 @@ cdef class ConflictResolver:
     cdef public CostModel cost
     cdef public dict _answers, _neighbourhoods
 
-    @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list, best=Scored)
+    @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list, best=Scored, ranked=list,
+                   i=Py_ssize_t, candidate=Scored)
     cpdef tuple resolve(self, tv)
 
     @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
@@ -75,4 +81,4 @@ cpdef bint _offered(list pool, axis, digits) except -1
 
 cpdef bint _any_compete(list chosen) except -1
 
-cpdef _why(Scored best, runner_up, symbolic)
+cpdef _why(Scored best, tuple best_key, Scored runner_up, tuple runner_up_key, symbolic)

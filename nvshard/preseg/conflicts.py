@@ -16,7 +16,6 @@ Shardy does). Candidates are scored by, in order:
 from __future__ import annotations
 
 import itertools
-import operator
 from dataclasses import dataclass
 
 try:
@@ -32,9 +31,7 @@ from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
-# The candidates' sort key. (Not Scored.key: compiled, that names the C method,
-# which Cython wraps as a callable of a different C signature.)
-_SCORE = operator.methodcaller("key")
+_NOTHING_DROPPED = float("inf")  # a candidate's dropped priority when it leaves nothing out
 
 
 @cython.no_gc
@@ -53,6 +50,13 @@ class Scored:
 
     def key(self) -> tuple:
         return (-self.dropped_priority, self.cost.key(), -self.forward, self.signature)
+
+
+def new_scored(choices: list, cost: Cost, dropped_priority, forward: int, signature: tuple) -> Scored:
+    """Scored(...), its fields filled directly (see proposals.new_decision)."""
+    s = Scored.__new__(Scored)
+    s.choices, s.cost, s.dropped_priority, s.forward, s.signature = choices, cost, dropped_priority, forward, signature
+    return s
 
 
 class ConflictResolver:
@@ -78,11 +82,20 @@ class ConflictResolver:
                 if _forward(m):
                     forward += 1
             facts = [(m.axis, layout.key(m.digits), str(m.mesh)) for m in choices]
-            scored.append(Scored(choices, cost, min([m.priority for m in dropped], default=float("inf")),
-                                 forward, tuple(sorted(facts))))
-        scored.sort(key=_SCORE)
+            scored.append(new_scored(choices, cost, min([m.priority for m in dropped], default=_NOTHING_DROPPED),
+                                     forward, tuple(sorted(facts))))
+        # each key made once (the index keeps equal keys in candidate order, as a stable sort would)
+        ranked = []
+        for i in range(len(scored)):  # (a loop: compiled, a comprehension's variable is untyped)
+            candidate = scored[i]
+            ranked.append((candidate.key(), i))
+        ranked.sort()
+        scored = [scored[i] for _, i in ranked]
         best = scored[0]
-        reason = _why(best, scored[1] if len(scored) > 1 else None, self.cost.symbolic)
+        if len(scored) > 1:
+            reason = _why(best, ranked[0][0], scored[1], ranked[1][0], self.cost.symbolic)
+        else:
+            reason = "only consistent choice"
         self.engine.log.conflict(tv, [(s.choices, s.cost) for s in scored], best.choices, reason)
         return best.choices, reason
 
@@ -378,14 +391,12 @@ class ByCost:
         return self.template.format(*[c.describe() for c in self.costs])
 
 
-def _why(best: Scored, runner_up, symbolic: bool):
-    """Why best ranks first: a str, or a ByCost."""
-    if runner_up is None:
-        return "only consistent choice"
-    bp, bc, bf, _ = best.key()
-    rp, rc, rf, _ = runner_up.key()
+def _why(best: Scored, best_key: tuple, runner_up: Scored, runner_up_key: tuple, symbolic: bool):
+    """Why best ranks first (their keys given): a str, or a ByCost."""
+    bp, bc, bf, _ = best_key
+    rp, rc, rf, _ = runner_up_key
     if bp != rp:
-        dropped = best.dropped_priority if best.dropped_priority != float("inf") else runner_up.dropped_priority
+        dropped = best.dropped_priority if best.dropped_priority != _NOTHING_DROPPED else runner_up.dropped_priority
         return f"priority: the alternative drops a priority-{dropped} sharding"
     if bc != rc:
         if symbolic and bc[0] != rc[0]:

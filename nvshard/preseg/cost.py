@@ -58,7 +58,7 @@ class Cost:
         return self.weight + self.other
 
     def key(self) -> tuple:
-        return (self.weight, self.other) if self.symbolic else (self.total,)
+        return (self.weight, self.other) if self.symbolic else (self.weight + self.other,)  # (total, not its property)
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.weight + other.weight, self.other + other.other, self.symbolic, self.steps + other.steps)
