@@ -84,7 +84,7 @@ class TensorEntry:
                  "used_iteration", "used_reduction", "classified", "by_expr")
 
     tv: object
-    number: int  # the tensor's (the order every rank visits tensors in)
+    number: int  # the tensor's number (the order every rank visits tensors in)
     decided: list  # [Decision or None] per logical axis
     mesh: object  # its mesh, once it has one (None: not yet)
     home: object  # its stage's mesh (_stage_meshes), or None
