@@ -56,7 +56,7 @@ cdef class Engine:
 
     @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
                    per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t, t=TensorEntry,
-                   entries=dict)
+                   entries=dict, cached=tuple, open_to=list, slot_entries=list)
     cpdef list _expr_proposals(self, expr, changed=*)
 
     @cython.locals(c=Opinion, o=Opinion)

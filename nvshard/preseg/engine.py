@@ -141,7 +141,7 @@ class Engine:
         self.adjacent, self._reduction_axes, self.depth, self.canon = _kept_with_fusion(
             program, "engine graph structure", _graph_structure, program)
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
-        self._open_to: dict = {}  # expr -> its axes that are not annotated
+        self._open_to: dict = {}  # expr -> (its axes that are not annotated, each of its slots' TensorEntry)
         self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
         self._changed_axes: dict = {}  # tv -> axes decided since the last refresh
         self._refresh_by_factor = refresh_by_factor
@@ -319,14 +319,15 @@ class Engine:
                     crossed.update(s.factors)
         # linked axes reach each other through their class (_spread), not here
         linked = self.classes.linked_positions.get(expr, ())
-        open_to = self._open_to.get(expr)
-        if open_to is None:  # axes that may take a proposal (annotations are final)
-            open_to = self._open_to[expr] = [(i, s) for i, s in enumerate(slots)
-                                             if s.reduction or s.tv not in frozen]
+        cached = self._open_to.get(expr)
+        if cached is None:  # axes that may take a proposal (annotations are final); the slots' tensors
+            cached = self._open_to[expr] = ([(i, s) for i, s in enumerate(slots) if s.reduction or s.tv not in frozen],
+                                            [entries[s.tv] for s in slots])
+        open_to, slot_entries = cached
         targets = []
         for pair in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
             s = pair[1]
-            t = entries[s.tv]
+            t = slot_entries[pair[0]]
             if t.decided[s.axis] is None:
                 targets.append(pair)
         if not targets:
@@ -335,7 +336,7 @@ class Engine:
         opinions: dict = {}  # factor -> [Opinion]
         for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
             s = slots[i]
-            t = entries[s.tv]
+            t = slot_entries[i]
             d = t.decided[s.axis]
             if d is None or not d.digits or d.priority > level:
                 continue
