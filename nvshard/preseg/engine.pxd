@@ -63,8 +63,8 @@ cdef class Engine:
     cpdef _target_proposals(self, i, AxisFactors s, expr, rule, kinds, dict opinions, linked, waiting, is_pending,
                             slots, list proposals)
 
-    @cython.locals(s=AxisFactors, t=TensorEntry)
-    cpdef bint _operand_open(self, slots) except -1
+    @cython.locals(s=AxisFactors, t=TensorEntry, i=Py_ssize_t)
+    cpdef bint _operand_open(self, list slots, list slot_entries) except -1
 
     @cython.locals(s=AxisFactors, d=Decision, t=TensorEntry)
     cpdef _pending_options(self, f, ops, slots)

@@ -364,7 +364,7 @@ class Engine:
         # Through a contraction, an operand still open may yet bring a
         # competing sharding: what crosses the op waits for the contraction
         # stage, so the pass-through wave reaches that operand first.
-        waiting = has_sum and not self.releasing and self._operand_open(slots)
+        waiting = has_sum and not self.releasing and self._operand_open(slots, slot_entries)
         if previous is not None and previous[0] != waiting:
             crossed = None
         per_target = {}
@@ -454,11 +454,13 @@ class Engine:
                 digits, frozenset(layout.mesh_axes_of(digits)), layout.key(digits))
         return known[1], known[2]
 
-    def _operand_open(self, slots) -> bool:
-        """Whether an operand axis is still open and may yet be decided."""
-        for s in slots:
+    def _operand_open(self, slots, slot_entries) -> bool:
+        """Whether an operand axis is still open and may yet be decided
+        (slot_entries: each slot's TensorEntry)."""
+        for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
+            s = slots[i]
             if s.role is _OPERAND:
-                t = self.entries[s.tv]
+                t = slot_entries[i]
                 if t.decided[s.axis] is None and not self._closed(t):
                     return True
         return False
