@@ -7,7 +7,7 @@ import cython
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state
-from nvshard.preseg.reshard cimport NumelModel, numbered, plan_reshard
+from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
 from nvshard.preseg.projection cimport (annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis,
                                         rule_text, same_state)
 
@@ -43,7 +43,6 @@ cdef class CostModel:
 
     cpdef signature_number(self, TensorView tv)
 
-    @cython.locals(entry=tuple)
     cpdef layout_number(self, digits)
 
     cpdef bint is_weight(self, tv) except -1

@@ -25,7 +25,7 @@ from .program import TvState, new_state
 from .projection import annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis, rule_text, same_state
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
-from .reshard import NumelModel, numbered, plan_reshard
+from .reshard import NumelModel, layout_number, numbered, plan_reshard
 
 SYMBOLIC_EXTENT_GUESS = 2048
 MAX_COMPLETIONS = 64
@@ -142,13 +142,8 @@ class CostModel:
     def layout_number(self, digits):
         """layout.key(digits)'s number (-1: replicated): equal layouts, equal
         numbers. Kept per layout object: propagation hands one object from
-        tensor to tensor (the entry keeps it alive, so its id is not reused)."""
-        if not digits:
-            return -1
-        entry = self._layout_numbers.get(id(digits))
-        if entry is None:
-            entry = self._layout_numbers[id(digits)] = (digits, numbered(self._layout_table, layout.key(digits)))
-        return entry[1]
+        tensor to tensor (reshard.layout_number)."""
+        return layout_number(digits, self._layout_numbers, self._layout_table)
 
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights

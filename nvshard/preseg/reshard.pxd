@@ -26,4 +26,7 @@ cpdef tuple plan_key(tv, TvState src, TvState dst, NumelModel model)
 @cython.locals(out=list, entry=tuple)
 cpdef tuple layout_numbers(layouts, dict known, dict numbers)
 
+@cython.locals(entry=tuple)
+cpdef layout_number(digits, dict known, dict numbers)
+
 cpdef object numbered(dict numbers, value)

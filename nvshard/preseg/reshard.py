@@ -139,14 +139,18 @@ def layout_numbers(layouts, known: dict, numbers: dict) -> tuple:
     so its id is not reused)."""
     out = []
     for digits in layouts:
-        if not digits:
-            out.append(-1)
-            continue
-        entry = known.get(id(digits))
-        if entry is None:
-            entry = known[id(digits)] = (digits, numbered(numbers, layout.key(digits)))
-        out.append(entry[1])
+        out.append(layout_number(digits, known, numbers))
     return tuple(out)
+
+
+def layout_number(digits, known: dict, numbers: dict):
+    """One layout's number, as layout_numbers gives it."""
+    if not digits:
+        return -1
+    entry = known.get(id(digits))
+    if entry is None:
+        entry = known[id(digits)] = (digits, numbered(numbers, layout.key(digits)))
+    return entry[1]
 
 
 def numbered(numbers: dict, value) -> int:
