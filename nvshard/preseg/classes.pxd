@@ -11,9 +11,8 @@ from nvshard.preseg.projection cimport AxisFactors, axis_factors
 cdef class Link:
     cdef public object expr
     cdef public tuple members
-    cdef public dict _ends
 
-    @cython.locals(m=AxisFactors, known=list)
+    @cython.locals(m=AxisFactors)
     cpdef list ends(self, tv)
 
 
@@ -23,7 +22,7 @@ cdef class PassThroughClasses:
     cdef public object _parent
     cdef public dict _ends
 
-    @cython.locals(per_axis=list, ends=list, link=Link)
+    @cython.locals(per_axis=list, ends=list, links=list, link=Link, j=Py_ssize_t)
     cpdef list ends_of(self, tv, Py_ssize_t axis)
 
     @cython.locals(e=Expr)

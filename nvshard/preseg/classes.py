@@ -46,12 +46,11 @@ class Link:
     its factor (AxisFactors; one Link shared by all of them). Pure structure
     of the expr's rule: kept with the rule, from plan to plan."""
 
-    __slots__ = ("expr", "members", "_ends")
+    __slots__ = ("expr", "members")
 
     def __init__(self, expr, members: tuple):
         self.expr = expr
         self.members = members
-        self._ends = {}  # tv -> ends(tv), made when first asked for
 
     def __repr__(self) -> str:
         return f"Link({self.expr!r}, {[(m.tv.short_name(), m.axis) for m in self.members]})"
@@ -59,21 +58,18 @@ class Link:
     def ends(self, tv) -> list:
         """(other axis, (direction, expr, its factor names)) pairs, for a
         decision on one of tv's axes: the second is what the spread's
-        decisions there are propagated through, made once (callers must not
-        change the list). A tensor has one role in an expr (an expr never
-        reads its own result); direction_between, unrolled."""
-        known = self._ends.get(tv)
-        if known is not None:
-            return known
+        decisions there are propagated through. Made anew on each call:
+        PassThroughClasses.ends_of keeps them (a second copy here would
+        double what big fusions keep). A tensor has one role in an expr (an
+        expr never reads its own result); direction_between, unrolled."""
         role = None
         for m in self.members:
             if m.tv is tv:
                 role = m.role
                 break
         across = _FORWARD if role is _OPERAND else _BACKWARD
-        known = self._ends[tv] = [(m, (_SIDEWAYS if m.role is role else across, self.expr, m.names))
-                                  for m in self.members if m.tv is not tv]
-        return known
+        return [(m, (_SIDEWAYS if m.role is role else across, self.expr, m.names))
+                for m in self.members if m.tv is not tv]
 
 
 class PassThroughClasses:
@@ -141,8 +137,10 @@ class PassThroughClasses:
             per_axis = self._ends[tv] = [None] * len(tv.logical)
         ends = per_axis[axis]
         if ends is None:
-            ends = []
-            for link in self.links[tv][axis]:
+            links = self.links[tv][axis]
+            ends = links[0].ends(tv)
+            for j in range(1, len(links)):  # (most axes have one link: its list is the whole answer)
+                link = links[j]
                 ends += link.ends(tv)
             per_axis[axis] = ends
         return ends
@@ -191,7 +189,7 @@ _NOTHING_FROZEN: frozenset = frozenset()
 
 
 def _make_links(expr, slots: list, groups: list, frozen, home: dict) -> tuple:
-    """([Link], frozenset of the linked positions) of expr: per pass-through
+    """([Link], the linked positions) of expr: per pass-through
     group, its axes not annotated, split by pipeline stage."""
     made, positions = [], []
     for group in groups:
@@ -215,7 +213,7 @@ def _make_links(expr, slots: list, groups: list, frozen, home: dict) -> tuple:
                 continue  # one tensor (x * x) links nothing
             made.append(Link(expr, axes))
             positions += part
-    return made, frozenset(positions)
+    return made, tuple(positions)  # (a tuple: a frozenset is four times its size, and few positions link)
 
 
 def _open_one_stage(slots: list, frozen: set, home: dict) -> bool:

@@ -125,7 +125,7 @@ cdef class Engine:
     @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry)
     cpdef _after_change(self, changed)
 
-    @cython.locals(d=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry, meshes=dict)
+    @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry, meshes=dict)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)

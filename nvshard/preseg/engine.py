@@ -746,11 +746,13 @@ class Engine:
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
         meshes = {}
+        # one record for every axis nothing reached (decisions are never changed once made)
+        unreached = new_decision((), self.level, _ANNOTATION, _UNREACHED, _NO_MESH_AXES, ())
         for tv, t in self.entries.items():
             decided = t.decided
             for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)
                 if decided[k] is None:
-                    decided[k] = new_decision((), self.level, _ANNOTATION, _UNREACHED, _NO_MESH_AXES, ())
+                    decided[k] = unreached
             meshes[tv] = t.mesh
         self.p.fill_meshes(meshes, self.frozen, self.home)
         for tv, t in self.entries.items():
@@ -804,7 +806,15 @@ def _graph_structure(program: Program) -> tuple:
     """(adjacency, reduction flags per tensor, depth, structural key): the
     fusion's structure alone."""
     depth, canon = _structure(program)
-    reduction_axes = {tv: [id_.is_reduction() for id_ in tv.logical] for tv in program.state}
+    # equal flag lists are one list (read only): big fusions keep one per tensor
+    shared: dict = {}
+    reduction_axes = {}
+    for tv in program.state:
+        flags = tuple([id_.is_reduction() for id_ in tv.logical])
+        known = shared.get(flags)
+        if known is None:
+            known = shared[flags] = list(flags)
+        reduction_axes[tv] = known
     return _adjacency(program), reduction_axes, depth, canon
 
 

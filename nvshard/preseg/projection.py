@@ -101,7 +101,8 @@ def axis_factors(expr, rule) -> list:
     if cached is not None:
         return cached
     out = []
-    extents = [f.extent for f in rule.factors]
+    # one (extent,) per factor, shared by the axes made of it alone (big fusions keep every expr's)
+    extents = [(f.extent,) for f in rule.factors]
     names = [f.name for f in rule.factors]
     i = 0
     for tv in expr.tv_inputs:
@@ -116,17 +117,18 @@ def axis_factors(expr, rule) -> list:
 
 
 def _append_axes(out: list, tv, role, position: int, pairs: list, extents: list, names: list) -> None:
-    """axis_factors of one tensor (pairs: operand_axes or result_axes)."""
+    """axis_factors of one tensor (pairs: operand_axes or result_axes;
+    extents: (extent,) per factor)."""
     logical = tv.logical
     for k, factors in pairs:
         if not factors:
             continue
         if len(factors) == 1:
             f = factors[0]
-            out.append(AxisFactors(tv, role, position, k, tuple(factors), (extents[f],),
+            out.append(AxisFactors(tv, role, position, k, tuple(factors), extents[f],
                                    logical[k].is_reduction(), names[f]))
         else:
-            out.append(AxisFactors(tv, role, position, k, tuple(factors), tuple([extents[f] for f in factors]),
+            out.append(AxisFactors(tv, role, position, k, tuple(factors), tuple([extents[f][0] for f in factors]),
                                    logical[k].is_reduction(), " ".join([names[f] for f in factors])))
 
 
