@@ -8,6 +8,12 @@ from nvshard.preseg.program cimport Program
 from nvshard.preseg.projection cimport AxisFactors, axis_factors
 
 
+cdef class End:  # (fields in the .py's order: the dataclass's __init__ takes them so)
+    cdef public object tv
+    cdef public Py_ssize_t axis
+    cdef public object direction, expr, names
+
+
 cdef class Link:
     cdef public object expr
     cdef public tuple members

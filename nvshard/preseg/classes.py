@@ -24,6 +24,8 @@ proposing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 try:
     import cython
 except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
@@ -38,6 +40,22 @@ from .proposals import Direction
 _OPERAND = Role.OPERAND
 _PASS, _SUM = FactorKind.PASS, FactorKind.SUM
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
+
+
+@cython.cclass
+@dataclass
+class End:
+    """Where a decision on a linked axis arrives: the other axis, and what
+    the spread's decision there is propagated through. Flat: the spread
+    reads one per arrival, and big fusions keep hundreds of thousands."""
+
+    __slots__ = ("tv", "axis", "direction", "expr", "names")
+
+    tv: object  # TensorView
+    axis: int  # logical axis of tv
+    direction: Direction
+    expr: object  # the Expr that links the axes
+    names: str  # the factor names of tv's axis there
 
 
 @cython.cclass
@@ -56,19 +74,18 @@ class Link:
         return f"Link({self.expr!r}, {[(m.tv.short_name(), m.axis) for m in self.members]})"
 
     def ends(self, tv) -> list:
-        """(other axis, (direction, expr, its factor names)) pairs, for a
-        decision on one of tv's axes: the second is what the spread's
-        decisions there are propagated through. Made anew on each call:
-        PassThroughClasses.ends_of keeps them (a second copy here would
-        double what big fusions keep). A tensor has one role in an expr (an
-        expr never reads its own result); direction_between, unrolled."""
+        """[End] of the other axes, for a decision on one of tv's axes. Made
+        anew on each call: PassThroughClasses.ends_of keeps them (a second
+        copy here would double what big fusions keep). A tensor has one role
+        in an expr (an expr never reads its own result); direction_between,
+        unrolled."""
         role = None
         for m in self.members:
             if m.tv is tv:
                 role = m.role
                 break
         across = _FORWARD if role is _OPERAND else _BACKWARD
-        return [(m, (_SIDEWAYS if m.role is role else across, self.expr, m.names))
+        return [End(m.tv, m.axis, _SIDEWAYS if m.role is role else across, self.expr, m.names)
                 for m in self.members if m.tv is not tv]
 
 

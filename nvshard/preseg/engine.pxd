@@ -7,7 +7,7 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.multidevice.mesh cimport DeviceMesh
-from nvshard.preseg.classes cimport Link, PassThroughClasses
+from nvshard.preseg.classes cimport End, Link, PassThroughClasses
 from nvshard.preseg.log cimport DecisionLog
 from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program
@@ -83,7 +83,7 @@ cdef class Engine:
 
     cpdef _record(self, TensorEntry t, Py_ssize_t axis, digits, mesh, Decision decision, reason)
 
-    @cython.locals(d=Decision, end=AxisFactors, entries=dict, arriving=dict, per_axis=dict,
+    @cython.locals(d=Decision, end=End, entries=dict, arriving=dict, per_axis=dict,
                    classes=PassThroughClasses, offers=list, pair=tuple, changed=set, axis=Py_ssize_t,
                    origin=TensorEntry, t=TensorEntry)
     cpdef set _spread(self, list frontier)
@@ -131,7 +131,7 @@ cdef class Engine:
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)
     cpdef _seed(self)
 
-    @cython.locals(d=Decision, m=Choice, arriving=list)
+    @cython.locals(d=Decision, m=Choice, arriving=list, end=End)
     cpdef list _offer(self, TensorEntry t, dict per_axis)
 
 

@@ -636,12 +636,12 @@ class Engine:
         entries, classes = self.entries, self.classes
         changed = set()
         while frontier:
-            arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, source tv, (direction, expr, factor names))]}
+            arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, source tv, End)]}
             for origin, axis in frontier:
                 tv = origin.tv
                 d = origin.decided[axis]
                 mesh = origin.mesh
-                for end, via in classes.ends_of(tv, axis):
+                for end in classes.ends_of(tv, axis):
                     t = entries[end.tv]
                     if t.decided[end.axis] is not None:
                         continue
@@ -651,7 +651,7 @@ class Engine:
                     per_axis = arriving.get(t)
                     if per_axis is None:
                         per_axis = arriving[t] = {}
-                    per_axis.setdefault(end.axis, []).append((d, mesh, tv, via))
+                    per_axis.setdefault(end.axis, []).append((d, mesh, tv, end))
             frontier = []
             # (one tensor, one axis: the common case, no sort to call)
             for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
@@ -661,11 +661,12 @@ class Engine:
                     continue
                 for axis in (sorted(per_axis) if len(per_axis) > 1 else per_axis):  # (nothing adds to it here)
                     offers = per_axis[axis]
-                    d, mesh, src, via = offers[0]
+                    d, mesh, src, end = offers[0]
                     if len(offers) == 1:  # (the common case: no list to build, no min to call)
-                        source, priority = propagated_through(via, (src,)), d.priority
+                        source = propagated_through(end.direction, end.expr, end.names, (src,))
+                        priority = d.priority
                     else:
-                        source = propagated_through(via, [o[2] for o in offers])
+                        source = propagated_through(end.direction, end.expr, end.names, [o[2] for o in offers])
                         priority = min([o[0].priority for o in offers])
                     self._record(t, axis, d.digits, mesh,
                                  new_decision(d.digits, priority, _PASS_THROUGH, source, d.mesh_axes, d.key), "")
@@ -708,9 +709,9 @@ class Engine:
         [(TensorEntry, axis)]."""
         arriving = []
         for axis in sorted(per_axis):
-            for d, mesh, src, (direction, expr, names) in per_axis[axis]:
-                arriving.append(new_proposal(t.tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, expr, names, src,
-                                             direction, False, d.mesh_axes, d.key))
+            for d, mesh, src, end in per_axis[axis]:
+                arriving.append(new_proposal(t.tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, end.expr, end.names,
+                                             src, end.direction, False, d.mesh_axes, d.key))
         if t.by_expr is None:
             t.by_expr = {}
         t.by_expr.setdefault(_CLASS, []).extend(arriving)

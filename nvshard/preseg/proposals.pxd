@@ -38,7 +38,7 @@ cdef class Propagated:
 
 
 @cython.locals(source=Propagated)
-cpdef Propagated propagated_through(tuple via, tensors)
+cpdef Propagated propagated_through(direction, expr, factor, tensors)
 
 @cython.locals(d=Decision)
 cpdef Decision new_decision(digits, priority, stage, source, mesh_axes, key)

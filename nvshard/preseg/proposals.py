@@ -237,12 +237,13 @@ class Propagated:
         return via
 
 
-def propagated_through(via: tuple, tensors) -> Propagated:
-    """Carried (direction, expr, factor names) from `tensors`, with no Choice
-    behind it (a pass-through class's spread). (A module function: compiled,
-    the engine calls it directly, not through the class's attributes.)"""
+def propagated_through(direction, expr, factor, tensors) -> Propagated:
+    """Carried `direction` through `expr` (its factor names) from `tensors`,
+    with no Choice behind it (a pass-through class's spread). (A module
+    function: compiled, the engine calls it directly, not through the
+    class's attributes.)"""
     source = Propagated.__new__(Propagated)
-    source.direction, source.expr, source.factor = via
+    source.direction, source.expr, source.factor = direction, expr, factor
     source.tensors = tuple(tensors)  # (a tuple is kept as it is)
     return source
 

@@ -77,7 +77,7 @@ def test_an_axis_ends_are_its_links_ends_in_link_order():
         assert len(links) == 2
         ends = classes.ends_of(middle, axis)
         assert ends == [end for link in links for end in link.ends(middle)]
-        assert [(end.tv, end.axis) for end, _ in ends] == [(chain[1], axis), (chain[3], axis)]
+        assert [(end.tv, end.axis) for end in ends] == [(chain[1], axis), (chain[3], axis)]
         assert classes.ends_of(middle, axis) is ends
 
 
