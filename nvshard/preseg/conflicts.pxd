@@ -8,9 +8,10 @@ from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.cost cimport Cost, CostModel
 from nvshard.preseg.engine cimport Engine, TensorEntry
+from nvshard.preseg.log cimport Decision
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
-from nvshard.preseg.proposals cimport Choice, Decision, Proposal, compete
+from nvshard.preseg.proposals cimport Choice, Proposal, compete
 
 
 cdef class Scored:

@@ -8,11 +8,11 @@ from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.multidevice.mesh cimport DeviceMesh
 from nvshard.preseg.classes cimport End, Link, PassThroughClasses
-from nvshard.preseg.log cimport DecisionLog
+from nvshard.preseg.log cimport Decision, DecisionLog, new_decision
 from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program
-from nvshard.preseg.proposals cimport (Choice, Decision, Opinion, Proposal, compete, crossing_stage, direction_between,
-                                       new_choice, new_decision, new_opinion, new_proposal, propagated_through)
+from nvshard.preseg.proposals cimport (Choice, Opinion, Proposal, compete, crossing_stage, direction_between, new_choice,
+                                       new_opinion, new_proposal, propagated_through)
 
 
 cdef class TensorEntry:
@@ -81,7 +81,7 @@ cdef class Engine:
     @cython.locals(m=Choice, t=TensorEntry, entries=dict)
     cpdef _apply(self, list items, reason=*)
 
-    cpdef _record(self, TensorEntry t, Py_ssize_t axis, digits, mesh, Decision decision, reason)
+    cpdef _record(self, TensorEntry t, Py_ssize_t axis, mesh, Decision decision)
 
     @cython.locals(d=Decision, end=End, entries=dict, arriving=dict, per_axis=dict,
                    classes=PassThroughClasses, offers=list, pair=tuple, changed=set, axis=Py_ssize_t,

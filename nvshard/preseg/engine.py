@@ -53,12 +53,12 @@ from ..ops.registry import FactorKind
 from .classes import PassThroughClasses
 from .conflicts import ConflictResolver
 from .cost import CostModel
-from .log import DecisionLog
+from .log import Decision, DecisionLog, new_decision
 from .program import Program, TvState
 from .projection import Role, axis_factors, split_axis
-from .proposals import (STAGE_TEXT, Annotation, Choice, Decision, Opinion, Proposal, Propagated, Stage,
-                        UnannotatedInput, Unreached, compete, crossing_stage, direction_between, new_choice,
-                        new_decision, new_opinion, new_proposal, propagated_through)
+from .proposals import (STAGE_TEXT, Annotation, Choice, Opinion, Proposal, Propagated, Stage, UnannotatedInput,
+                        Unreached, compete, crossing_stage, direction_between, new_choice, new_opinion, new_proposal,
+                        propagated_through)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
@@ -66,6 +66,7 @@ _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 _SUM, _REPLICATED = FactorKind.SUM, FactorKind.REPLICATED
 _PASS_THROUGH, _CONTRACTION, _RESHAPE = Stage.PASS_THROUGH, Stage.CONTRACTION, Stage.RESHAPE
 _ANNOTATION = Stage.ANNOTATION
+_ANNOTATION_TEXT, _PASS_THROUGH_TEXT = STAGE_TEXT[_ANNOTATION], STAGE_TEXT[_PASS_THROUGH]  # as decisions say them
 # Sources with nothing to say but what they are: one each (frozen, so sharing them is safe).
 _UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
 _NO_MESH_AXES = frozenset()  # a replicated layout's
@@ -167,11 +168,12 @@ class Engine:
                         decided.append(None)  # pending sums stay open
                     else:
                         mesh_axes, key = self._layout_facts(digits)
-                        decided.append(new_decision(digits, prio, _ANNOTATION, source, mesh_axes, key))
+                        decided.append(new_decision(tv, k, digits, source, prio, _ANNOTATION_TEXT, "", mesh_axes, key))
                 mesh = tv.mesh
             elif tv in self.p.input_set:
                 # Unannotated inputs arrive whole on every device.
-                decided = [new_decision((), 0, _ANNOTATION, _UNANNOTATED_INPUT, _NO_MESH_AXES, ()) for _ in range(n)]
+                decided = [new_decision(tv, k, (), _UNANNOTATED_INPUT, 0, _ANNOTATION_TEXT, "", _NO_MESH_AXES, ())
+                           for k in range(n)]
                 mesh = None
             else:
                 decided = [None] * n
@@ -603,10 +605,11 @@ class Engine:
 
     def _decide(self, t: TensorEntry, m: Choice, reason) -> None:
         key = self._layout_facts(m.digits)[1]
-        decision = new_decision(m.digits, m.priority, m.stage, Propagated(m), m.mesh_axes, key)
-        self._record(t, m.axis, m.digits, m.mesh, decision, reason)
+        decision = new_decision(t.tv, m.axis, m.digits, Propagated(m), m.priority, STAGE_TEXT[m.stage], reason,
+                                m.mesh_axes, key)
+        self._record(t, m.axis, m.mesh, decision)
 
-    def _record(self, t: TensorEntry, axis: int, digits, mesh, decision: Decision, reason) -> None:
+    def _record(self, t: TensorEntry, axis: int, mesh, decision: Decision) -> None:
         tv = t.tv
         if t.mesh is None and mesh is not None:
             t.mesh = mesh
@@ -620,7 +623,7 @@ class Engine:
             t.used_reduction = None
         else:
             t.used_iteration = None
-        self.log.decide(tv, axis, digits, decision.source, decision.priority, STAGE_TEXT[decision.stage], reason)
+        self.log.record(decision)
         if t.classified is not None or t.by_expr is not None:
             self._invalidate(t)
 
@@ -668,8 +671,8 @@ class Engine:
                     else:
                         source = propagated_through(end.direction, end.expr, end.names, [o[2] for o in offers])
                         priority = min([o[0].priority for o in offers])
-                    self._record(t, axis, d.digits, mesh,
-                                 new_decision(d.digits, priority, _PASS_THROUGH, source, d.mesh_axes, d.key), "")
+                    self._record(t, axis, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT,
+                                                             "", d.mesh_axes, d.key))
                     frontier.append((t, axis))
             for pair in frontier:
                 changed.add(pair[0].tv)
@@ -748,7 +751,7 @@ class Engine:
     def _finish(self) -> None:
         meshes = {}
         # one record for every axis nothing reached (decisions are never changed once made)
-        unreached = new_decision((), self.level, _ANNOTATION, _UNREACHED, _NO_MESH_AXES, ())
+        unreached = new_decision(None, None, (), _UNREACHED, self.level, _ANNOTATION_TEXT, "", _NO_MESH_AXES, ())
         for tv, t in self.entries.items():
             decided = t.decided
             for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)

@@ -1,17 +1,22 @@
-# Compiled types for log.py: the log and its entries (the engine calls decide directly).
+# Compiled types for log.py: the log and its entries (the engine makes and records decisions directly).
 
 import cython
+
+cdef class Decision:
+    cdef public object tv, axis, digits, source, priority, stage, why, mesh_axes, key
+
+
+@cython.locals(d=Decision)
+cpdef Decision new_decision(tv, axis, digits, source, priority, stage, why, mesh_axes, key)
+
 
 cdef class DecisionLog:
     cdef public list entries
     cdef public set _notes
 
-    @cython.locals(entry=LoggedDecision)
     cpdef decide(self, tv, axis, digits, source, priority, stage, reason=*)
 
-
-cdef class LoggedDecision:
-    cdef public object tv, axis, digits, source, priority, stage, why
+    cpdef record(self, Decision decision)
 
 
 cdef class LoggedConflict:

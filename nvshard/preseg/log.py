@@ -9,7 +9,7 @@ behind them (what plan.to_dot() reads).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 try:
     import cython
@@ -26,17 +26,16 @@ class DecisionLog:
     __slots__ = ("entries", "_notes")
 
     def __init__(self):
-        self.entries: list = []  # LoggedDecision, LoggedConflict or LoggedNote, each naming its tensor
+        self.entries: list = []  # Decision, LoggedConflict or LoggedNote, each naming its tensor
         self._notes: set = set()
 
     def decide(self, tv, axis, digits, source, priority, stage, reason="") -> None:
         """`source` and `reason` are formatted with str() when the log is read."""
-        # (its fields filled directly: compiled, calling the class parses its
-        # arguments through Python's protocol, and a plan logs every decision)
-        entry = LoggedDecision.__new__(LoggedDecision)
-        entry.tv, entry.axis, entry.digits, entry.source = tv, axis, digits, source
-        entry.priority, entry.stage, entry.why = priority, stage, reason
-        self.entries.append(entry)
+        self.entries.append(new_decision(tv, axis, digits, source, priority, stage, reason, None, None))
+
+    def record(self, decision: Decision) -> None:
+        """Log a decision made elsewhere (the engine keeps the same record)."""
+        self.entries.append(decision)
 
     def note(self, tv, text: str) -> None:
         if (tv, text) not in self._notes:
@@ -53,9 +52,9 @@ class DecisionLog:
     def explain(self, tv) -> list[str]:
         return [entry.text() for entry in self.entries if entry.tv is tv]
 
-    def decisions(self, tv) -> list[LoggedDecision]:
+    def decisions(self, tv) -> list[Decision]:
         """The decisions about tv's axes, in the order they were made."""
-        return [entry for entry in self.entries if entry.tv is tv and isinstance(entry, LoggedDecision)]
+        return [entry for entry in self.entries if entry.tv is tv and isinstance(entry, Decision)]
 
     def conflicts(self, tv) -> list[LoggedConflict]:
         """The conflicts resolved at tv, in order."""
@@ -69,18 +68,25 @@ class DecisionLog:
 @cython.freelist(256)
 @cython.cclass
 @dataclass(eq=False)
-class LoggedDecision:
-    """One decision, formatted when read. (A plain record, not a closure over
-    the log: a closure and its cells are eight objects per decision for the
-    collector to walk, and holding the log would make it a cycle.)"""
+class Decision:
+    """The layout of one (tensor, logical axis), with its priority, the stage
+    that applied it and its source; formatted when read. The engine keeps
+    the record it logs (one object per decision: a big fusion makes tens of
+    thousands). (A plain record, not a closure over the log: a closure and
+    its cells are eight objects per decision for the collector to walk, and
+    holding the log would make it a cycle.) Never changed once made."""
 
     tv: Any
     axis: int  # logical axis of tv
     digits: tuple  # the layout decided; () is replicated
-    source: Any  # what the sharding came from; str() says it
+    source: Any  # what the sharding came from (proposals.Source, or text); str() says it
     priority: Any  # an int, or "-" for the block-layout search (which has none)
     stage: str
     why: Any  # why, when the decision won a conflict ("" otherwise); str() says it
+    # what the engine compares of the layout, carried from decision to decision
+    # as a spread hands it on (None when not given)
+    mesh_axes: Optional[frozenset] = None  # of digits
+    key: Optional[tuple] = None  # layout.key(digits)
 
     @property
     def reason(self) -> str:
@@ -91,6 +97,16 @@ class LoggedDecision:
         line = (f"{_axis_name(self.tv, self.axis)} <- {what}: {self.source}; priority {self.priority}; "
                 f"stage {self.stage}")
         return line + (f"; chosen in a conflict ({self.why})" if self.why else "")
+
+
+def new_decision(tv, axis, digits, source, priority, stage, why, mesh_axes, key) -> Decision:
+    """Decision(...), its fields filled directly. (Compiled, calling a
+    record's class parses its arguments through Python's protocol; a plan
+    makes one per decision.)"""
+    d = Decision.__new__(Decision)
+    d.tv, d.axis, d.digits, d.source, d.priority, d.stage, d.why = tv, axis, digits, source, priority, stage, why
+    d.mesh_axes, d.key = mesh_axes, key
+    return d
 
 
 @cython.no_gc

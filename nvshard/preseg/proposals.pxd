@@ -16,9 +16,6 @@ cdef class Choice:
     cdef public list sources
     cdef public object mesh_axes
 
-cdef class Decision:
-    cdef public object digits, priority, stage, source, mesh_axes, key
-
 cpdef bint compete(Choice a, Choice b) except -1
 
 @cython.locals(p=Proposal)
@@ -40,8 +37,6 @@ cdef class Propagated:
 @cython.locals(source=Propagated)
 cpdef Propagated propagated_through(direction, expr, factor, tensors)
 
-@cython.locals(d=Decision)
-cpdef Decision new_decision(digits, priority, stage, source, mesh_axes, key)
 
 @cython.locals(o=Opinion)
 cpdef Opinion new_opinion(digits, tv, priority, role, mesh, compound, linked, mesh_axes, key)

@@ -1,7 +1,7 @@
 """What the propagation engine decides and proposes.
 
-A Decision is the layout of one (tensor, logical axis), with its priority,
-the stage that applied it and its Source. A Proposal is one layout offered
+A decision (log.Decision) is the layout of one (tensor, logical axis), with
+its priority, the stage that applied it and its Source. A Proposal is one layout offered
 to an open axis through one factor of one expr; identical proposals from
 several places merge into one Choice. Two choices for a tensor compete
 when they cannot both hold (`compete`).
@@ -91,7 +91,7 @@ class Opinion:
 
 
 def new_opinion(digits, tv, priority, role, mesh, compound, linked, mesh_axes, key) -> Opinion:
-    """Opinion(...), its fields filled directly (see new_decision)."""
+    """Opinion(...), its fields filled directly (see log.new_decision)."""
     o = Opinion.__new__(Opinion)
     o.digits, o.tv, o.priority, o.role, o.mesh = digits, tv, priority, role, mesh
     o.compound, o.linked, o.mesh_axes, o.key = compound, linked, mesh_axes, key
@@ -156,7 +156,7 @@ class Choice:
 def new_proposal(tv, axis, digits, mesh, priority, stage, expr, factor, source, direction, reduction, mesh_axes,
                  key) -> Proposal:
     """Proposal(...) with its layout facts given, its fields filled directly
-    (see new_decision): the engine makes one per opinion per target."""
+    (see log.new_decision): the engine makes one per opinion per target."""
     p = Proposal.__new__(Proposal)
     p.tv, p.axis, p.digits, p.mesh, p.priority, p.stage = tv, axis, digits, mesh, priority, stage
     p.expr, p.factor, p.source, p.direction, p.reduction = expr, factor, source, direction, reduction
@@ -166,7 +166,7 @@ def new_proposal(tv, axis, digits, mesh, priority, stage, expr, factor, source, 
 
 def new_choice(axis, digits, mesh, priority, stage, reduction, mesh_axes=None) -> Choice:
     """Choice(...) with no sources yet, its fields filled directly (see
-    new_decision)."""
+    log.new_decision)."""
     m = Choice.__new__(Choice)
     m.axis, m.digits, m.mesh, m.priority, m.stage, m.reduction = axis, digits, mesh, priority, stage, reduction
     m.sources = []
@@ -249,28 +249,3 @@ def propagated_through(direction, expr, factor, tensors) -> Propagated:
 
 
 Source = Union[Annotation, UnannotatedInput, Unreached, Propagated]
-
-
-@cython.no_gc
-@cython.freelist(256)
-@cython.cclass
-@dataclass
-class Decision:
-    digits: tuple
-    priority: int
-    stage: Stage
-    source: Source
-    # what the engine compares of the layout, carried from decision to decision
-    # as a spread hands it on (None when not given)
-    mesh_axes: Optional[frozenset] = None  # of digits
-    key: Optional[tuple] = None  # layout.key(digits)
-
-
-def new_decision(digits, priority, stage, source, mesh_axes, key) -> Decision:
-    """Decision(digits, priority, stage, source, mesh_axes, key). (Compiled,
-    calling a record's class parses its arguments through Python's
-    protocol; this fills the new record's fields directly. The engine
-    makes one per decision.)"""
-    d = Decision.__new__(Decision)
-    d.digits, d.priority, d.stage, d.source, d.mesh_axes, d.key = digits, priority, stage, source, mesh_axes, key
-    return d

@@ -35,11 +35,12 @@ def test_compiled_records_skip_the_cyclic_collector():
     import gc
 
     from nvshard.preseg.cost import Cost
+    from nvshard.preseg.log import Decision
     from nvshard.preseg.program import TvState
-    from nvshard.preseg.proposals import Decision, propagated_through
+    from nvshard.preseg.proposals import propagated_through
 
-    records = [TvState(None, [()]), Cost(symbolic=False), Decision((), 0, 0, None),
-               propagated_through((None, None, None), [])]
+    records = [TvState(None, [()]), Cost(symbolic=False), Decision(None, 0, (), None, 0, "annotation", ""),
+               propagated_through(None, None, None, [])]
     assert [type(r).__name__ for r in records if gc.is_tracked(r)] == []
 
 
