@@ -25,6 +25,7 @@ cdef class TensorEntry:
     cdef public set used_iteration, used_reduction
     cdef public tuple classified
     cdef public dict by_expr
+    cdef public tuple as_source
 
 
 @cython.locals(t=TensorEntry)
@@ -83,7 +84,7 @@ cdef class Engine:
 
     cpdef _record(self, TensorEntry t, Py_ssize_t axis, mesh, Decision decision)
 
-    @cython.locals(d=Decision, end=End, entries=dict, arriving=dict, per_axis=dict,
+    @cython.locals(d=Decision, end=End, alone=tuple, entries=dict, arriving=dict, per_axis=dict,
                    classes=PassThroughClasses, offers=list, pair=tuple, changed=set, axis=Py_ssize_t,
                    origin=TensorEntry, t=TensorEntry)
     cpdef set _spread(self, list frontier)
@@ -131,7 +132,7 @@ cdef class Engine:
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)
     cpdef _seed(self)
 
-    @cython.locals(d=Decision, m=Choice, arriving=list, end=End)
+    @cython.locals(d=Decision, m=Choice, arriving=list, end=End, alone=tuple)
     cpdef list _offer(self, TensorEntry t, dict per_axis)
 
 

@@ -82,7 +82,7 @@ class TensorEntry:
     inner loops look a tensor up once, not once per thing they read of it."""
 
     __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
-                 "used_iteration", "used_reduction", "classified", "by_expr")
+                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source")
 
     tv: object
     number: int  # the tensor's number (the order every rank visits tensors in)
@@ -97,6 +97,9 @@ class TensorEntry:
     used_reduction: object
     classified: object  # its (easy, competing, valid) choices (Engine._classified); None when stale
     by_expr: object  # {expr (or _CLASS): [Proposal]} targeting it; None when there are none
+    # (tv,), once a spread carries its layouts: the decisions it reaches name it as their source
+    # tensors, and share this one tuple (the plan's log keeps them all)
+    as_source: object
 
 
 def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
@@ -106,7 +109,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
     t = TensorEntry.__new__(TensorEntry)
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
     t.reduction_flags, t.adjacent = reduction_flags, adjacent
-    t.used_iteration = t.used_reduction = t.classified = t.by_expr = None
+    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = None
     return t
 
 
@@ -639,11 +642,14 @@ class Engine:
         entries, classes = self.entries, self.classes
         changed = set()
         while frontier:
-            arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, source tv, End)]}
+            arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, (source tv,), End)]}
             for origin, axis in frontier:
                 tv = origin.tv
                 d = origin.decided[axis]
                 mesh = origin.mesh
+                alone = origin.as_source
+                if alone is None:
+                    alone = origin.as_source = (tv,)
                 for end in classes.ends_of(tv, axis):
                     t = entries[end.tv]
                     if t.decided[end.axis] is not None:
@@ -654,7 +660,7 @@ class Engine:
                     per_axis = arriving.get(t)
                     if per_axis is None:
                         per_axis = arriving[t] = {}
-                    per_axis.setdefault(end.axis, []).append((d, mesh, tv, end))
+                    per_axis.setdefault(end.axis, []).append((d, mesh, alone, end))
             frontier = []
             # (one tensor, one axis: the common case, no sort to call)
             for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
@@ -664,12 +670,12 @@ class Engine:
                     continue
                 for axis in (sorted(per_axis) if len(per_axis) > 1 else per_axis):  # (nothing adds to it here)
                     offers = per_axis[axis]
-                    d, mesh, src, end = offers[0]
+                    d, mesh, alone, end = offers[0]
                     if len(offers) == 1:  # (the common case: no list to build, no min to call)
-                        source = propagated_through(end.direction, end.expr, end.names, (src,))
+                        source = propagated_through(end.direction, end.expr, end.names, alone)
                         priority = d.priority
                     else:
-                        source = propagated_through(end.direction, end.expr, end.names, [o[2] for o in offers])
+                        source = propagated_through(end.direction, end.expr, end.names, [o[2][0] for o in offers])
                         priority = min([o[0].priority for o in offers])
                     self._record(t, axis, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT,
                                                              "", d.mesh_axes, d.key))
@@ -712,9 +718,9 @@ class Engine:
         [(TensorEntry, axis)]."""
         arriving = []
         for axis in sorted(per_axis):
-            for d, mesh, src, end in per_axis[axis]:
+            for d, mesh, alone, end in per_axis[axis]:
                 arriving.append(new_proposal(t.tv, axis, d.digits, mesh, d.priority, _PASS_THROUGH, end.expr, end.names,
-                                             src, end.direction, False, d.mesh_axes, d.key))
+                                             alone[0], end.direction, False, d.mesh_axes, d.key))
         if t.by_expr is None:
             t.by_expr = {}
         t.by_expr.setdefault(_CLASS, []).extend(arriving)
