@@ -11,8 +11,8 @@ from nvshard.preseg.classes cimport End, Link, PassThroughClasses
 from nvshard.preseg.log cimport Decision, DecisionLog, new_decision
 from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program
-from nvshard.preseg.proposals cimport (Choice, Opinion, Proposal, compete, crossing_stage, direction_between, new_choice,
-                                       new_opinion, new_proposal, propagated_through)
+from nvshard.preseg.proposals cimport (Choice, Opinion, Proposal, compete, crossing_stage, direction_between,
+                                       new_choice, new_opinion, new_proposal, propagated_through)
 
 
 cdef class TensorEntry:
@@ -126,7 +126,8 @@ cdef class Engine:
     @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry)
     cpdef _after_change(self, changed)
 
-    @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry, meshes=dict)
+    @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
+                   meshes=dict)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)

@@ -1,10 +1,10 @@
 """What the propagation engine decides and proposes.
 
-A decision (log.Decision) is the layout of one (tensor, logical axis), with
-its priority, the stage that applied it and its Source. A Proposal is one layout offered
-to an open axis through one factor of one expr; identical proposals from
-several places merge into one Choice. Two choices for a tensor compete
-when they cannot both hold (`compete`).
+A decision (log.Decision) is the layout of one (tensor, logical axis),
+with its priority, the stage that applied it and its Source. A Proposal
+is one layout offered to an open axis through one factor of one expr;
+identical proposals from several places merge into one Choice. Two
+choices for a tensor compete when they cannot both hold (`compete`).
 """
 
 from __future__ import annotations
