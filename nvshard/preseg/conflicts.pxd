@@ -69,10 +69,11 @@ cpdef tuple _facts(Choice m, CostModel cost)
 
 cpdef bint _any_none(values) except -1
 
-@cython.locals(maximal=list, members=list, ids=set)
+@cython.locals(maximal=list, c=list, i=Py_ssize_t, j=Py_ssize_t, contained=bint)
 cpdef list _maximal(list candidates)
 
-cpdef bint _contained(set ids, list members) except -1
+@cython.locals(m=Choice, o=Choice, found=bint)
+cpdef bint _within(list c, list other) except -1
 
 @cython.locals(p=Proposal)
 cpdef bint _forward(Choice m) except -1
@@ -80,6 +81,7 @@ cpdef bint _forward(Choice m) except -1
 @cython.locals(o=Choice)
 cpdef bint _offered(list pool, axis, digits) except -1
 
+@cython.locals(i=Py_ssize_t, j=Py_ssize_t)
 cpdef bint _any_compete(list chosen) except -1
 
 cpdef _why(Scored best, tuple best_key, Scored runner_up, tuple runner_up_key, symbolic)

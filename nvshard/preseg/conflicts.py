@@ -329,20 +329,33 @@ def _any_none(values) -> bool:
 
 def _maximal(candidates: list) -> list:
     """The candidates no other one contains."""
-    members = [{id(m) for m in c} for c in candidates]
     maximal = []
-    for c, ids in zip(candidates, members):
-        if not _contained(ids, members):
+    for i in range(len(candidates)):  # (index loops: compiled, no set of ids per candidate)
+        c = candidates[i]
+        contained = False
+        for j in range(len(candidates)):
+            if j != i and _within(c, candidates[j]):
+                contained = True
+                break
+        if not contained:
             maximal.append(c)
     return maximal
 
 
-def _contained(ids: set, members: list) -> bool:
-    """Whether `ids` is a proper subset of one of the `members` sets."""
-    for other in members:
-        if ids < other:
-            return True
-    return False
+def _within(c: list, other: list) -> bool:
+    """Whether every choice of `c` is in `other` (the same objects), and
+    `other` has more (a candidate holds each choice once)."""
+    if len(c) >= len(other):
+        return False
+    for m in c:
+        found = False
+        for o in other:
+            if o is m:
+                found = True
+                break
+        if not found:
+            return False
+    return True
 
 
 def _forward(m: Choice) -> bool:
@@ -363,9 +376,10 @@ def _offered(pool: list, axis: int, digits) -> bool:
 
 def _any_compete(chosen: list) -> bool:
     """Whether two of the choices compete."""
-    for a, b in itertools.combinations(chosen, 2):
-        if compete(a, b):
-            return True
+    for i in range(len(chosen)):  # (index loops: compiled, no pair tuples)
+        for j in range(i + 1, len(chosen)):
+            if compete(chosen[i], chosen[j]):
+                return True
     return False
 
 
