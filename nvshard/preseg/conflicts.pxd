@@ -31,7 +31,7 @@ cdef class ConflictResolver:
     cdef public CostModel cost
     cdef public dict _answers, _neighbourhoods
 
-    @cython.locals(m=Choice, dropped=list, scored=list, forward=Py_ssize_t, facts=list, best=Scored, ranked=list,
+    @cython.locals(m=Choice, scored=list, forward=Py_ssize_t, facts=list, best=Scored, ranked=list,
                    i=Py_ssize_t, candidate=Scored)
     cpdef tuple resolve(self, tv)
 
@@ -54,8 +54,8 @@ cdef class ConflictResolver:
     @cython.locals(engine=Engine, d=Decision, around=list, others=dict, e=Expr, entry=TensorEntry)
     cpdef list _around(self, tv)
 
-    @cython.locals(entry=TensorEntry, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict, e=Expr,
-                   o=TensorView)
+    @cython.locals(entry=TensorEntry, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict,
+                   e=Expr, o=TensorView)
     cpdef _cost(self, tv, list chosen, list around)
 
     @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, outs=list, whole=bint, other=Expr, entry=TensorEntry)

@@ -76,14 +76,17 @@ class ConflictResolver:
         candidates, pool = self._candidates(tv)
         scored = []
         for choices, cost in zip(candidates, self._costs(tv, candidates)):
-            dropped = [m for m in pool if m not in choices]
+            # the best priority it leaves out (a loop: min() with a default is a call with a keyword)
+            dropped = _NOTHING_DROPPED
+            for m in pool:
+                if m.priority < dropped and m not in choices:
+                    dropped = m.priority
             forward = 0
             for m in choices:
                 if _forward(m):
                     forward += 1
             facts = [(m.axis, layout.key(m.digits), str(m.mesh)) for m in choices]
-            scored.append(new_scored(choices, cost, min([m.priority for m in dropped], default=_NOTHING_DROPPED),
-                                     forward, tuple(sorted(facts))))
+            scored.append(new_scored(choices, cost, dropped, forward, tuple(sorted(facts))))
         # each key made once (the index keeps equal keys in candidate order, as a stable sort would)
         ranked = []
         for i in range(len(scored)):  # (a loop: compiled, a comprehension's variable is untyped)
