@@ -82,7 +82,8 @@ cdef class Engine:
     @cython.locals(m=Choice, t=TensorEntry, entries=dict)
     cpdef _apply(self, list items, reason=*)
 
-    cpdef _record(self, TensorEntry t, Py_ssize_t axis, mesh, Decision decision)
+    @cython.locals(axis=Py_ssize_t)
+    cpdef _record(self, TensorEntry t, mesh, Decision decision)
 
     @cython.locals(d=Decision, end=End, alone=tuple, entries=dict, arriving=dict, per_axis=dict,
                    classes=PassThroughClasses, offers=list, pair=tuple, changed=set, axis=Py_ssize_t,

@@ -610,10 +610,12 @@ class Engine:
         key = self._layout_facts(m.digits)[1]
         decision = new_decision(t.tv, m.axis, m.digits, Propagated(m), m.priority, STAGE_TEXT[m.stage], reason,
                                 m.mesh_axes, key)
-        self._record(t, m.axis, m.mesh, decision)
+        self._record(t, m.mesh, decision)
 
-    def _record(self, t: TensorEntry, axis: int, mesh, decision: Decision) -> None:
+    def _record(self, t: TensorEntry, mesh, decision: Decision) -> None:
+        """Apply and log a decision on one of t's axes (decision.axis)."""
         tv = t.tv
+        axis = decision.axis
         if t.mesh is None and mesh is not None:
             t.mesh = mesh
         t.decided[axis] = decision
@@ -677,8 +679,8 @@ class Engine:
                     else:
                         source = propagated_through(end.direction, end.expr, end.names, [o[2][0] for o in offers])
                         priority = min([o[0].priority for o in offers])
-                    self._record(t, axis, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT,
-                                                             "", d.mesh_axes, d.key))
+                    self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT, "",
+                                                       d.mesh_axes, d.key))
                     frontier.append((t, axis))
             for pair in frontier:
                 changed.add(pair[0].tv)
