@@ -8,8 +8,8 @@ from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state
 from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
-from nvshard.preseg.projection cimport (annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis,
-                                        rule_text, same_state)
+from nvshard.preseg.projection cimport (annotated_sum, arriving_state, operand_plans, plan_compute, resolved,
+                                        reuses_mesh_axis, rule_text, same_state)
 
 
 cdef class Cost:
@@ -36,7 +36,7 @@ cdef class CostModel:
     cdef public object sizes, symbolic
     cdef public _RememberingNumel numel
     cdef public dict _answers, _signatures, _signature_numbers, _signature_table, _layout_numbers, _layout_table
-    cdef public dict _expr_questions
+    cdef public dict _expr_questions, _operand_plans
     cdef public set _weights
 
     cpdef tuple signature(self, TensorView tv)
@@ -54,19 +54,25 @@ cdef class CostModel:
     @cython.locals(tensors=list, known=Cost, best=Cost)
     cpdef expr_cost(self, Expr expr, dict states, dict options, shared=*)
 
-    @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, parts=list, state=TvState,
-                   t=TensorView, o=TensorView, i=Py_ssize_t)
+    @cython.locals(fixed=tuple, tensors=list, first=dict, sigs=list, summed=list, parts=list, numbers=list,
+                   state=TvState, t=TensorView, o=TensorView, i=Py_ssize_t)
     cpdef tuple _question(self, Expr expr, dict states, dict options, shared)
 
-    @cython.locals(outputs=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost, best=Cost,
-                   i=Py_ssize_t)
+    @cython.locals(outputs=list, actuals=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost,
+                   best=Cost, i=Py_ssize_t)
     cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
 
-    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, actuals=list, total=Cost, cost=Cost,
+    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, total=Cost, cost=Cost,
                    inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t, layouts=list,
                    k=Py_ssize_t)
-    cpdef _run_cost(self, Expr expr, dict states, dict outs, shared=*)
+    cpdef _run_cost(self, Expr expr, list actuals, dict outs, shared=*)
 
+    @cython.locals(parts=list, state=TvState, i=Py_ssize_t, key=tuple, plans=list)
+    cpdef list known_operand_plans(self, Expr expr, mesh, list operand_states, rule)
+
+
+@cython.locals(k=Py_ssize_t)
+cpdef tuple _reduction_axes(TensorView tv)
 
 @cython.locals(id_=IterDomain, axes=list, known=tuple, kind=Py_ssize_t, part=tuple)
 cpdef tuple _signature(TensorView tv, sizes, dict extents)

@@ -22,7 +22,8 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 
 from ..ir.nodes import TensorView
 from .program import TvState, new_state
-from .projection import annotated_sum, arriving_state, plan_compute, resolved, reuses_mesh_axis, rule_text, same_state
+from .projection import (annotated_sum, arriving_state, operand_plans, plan_compute, resolved, reuses_mesh_axis,
+                         rule_text, same_state)
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
 from .reshard import NumelModel, layout_number, numbered, plan_reshard
@@ -97,7 +98,7 @@ class Cost:
 class CostModel:
     __slots__ = (
         "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "_signature_numbers",
-        "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights"
+        "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights", "_operand_plans"
     )
 
     def __init__(self, program, sizes=None):
@@ -115,6 +116,7 @@ class CostModel:
         self._layout_numbers: dict = {}  # id(layout) -> (layout, its key's number)
         self._layout_table: dict = {}  # layout.key -> its number
         self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
+        self._operand_plans: dict = {}  # (expr, mesh, operands' states) -> projection.operand_plans
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
@@ -188,13 +190,18 @@ class CostModel:
             first = {}
             head = (rule_text(self.program.rule(expr)), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]))
             sigs = [self.signature_number(t) for t in tensors]
-            fixed = self._expr_questions[expr] = (tensors, first, head, sigs)
-        tensors, first, head, sigs = fixed
+            # operands are read resolved (projection.resolved): their reduction axes ask nothing
+            summed = [_reduction_axes(t) if i < len(expr.tv_inputs) else () for i, t in enumerate(tensors)]
+            fixed = self._expr_questions[expr] = (tensors, first, head, sigs, summed)
+        tensors, first, head, sigs, summed = fixed
         parts = list(head)
         for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
             state = states[tensors[i]]
             # () stays (), an open axis (None) stays None
-            parts.append((sigs[i], state.mesh, tuple([self.layout_number(d) if d else d for d in state.layouts])))
+            numbers = [self.layout_number(d) if d else d for d in state.layouts]
+            for k in summed[i]:
+                numbers[k] = ()
+            parts.append((sigs[i], state.mesh, tuple(numbers)))
         for o in expr.tv_outputs:
             for k, d in enumerate(states[o].layouts):
                 if d is None:
@@ -208,6 +215,7 @@ class CostModel:
 
     def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
+        actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
         open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
         choices = [options.get(key, [()]) for key in open_axes]
         best = None
@@ -220,24 +228,25 @@ class CostModel:
                 filled[o].layouts[k] = combo[i]
             if not _all_consistent(outputs, filled):
                 continue
-            cost = self._run_cost(expr, states, filled, shared)
+            cost = self._run_cost(expr, actuals, filled, shared)
             if best is None or cost.key() < best.key():
                 best = cost
         if best is None:  # every completion reused a mesh axis: leave them replicated
             filled = {o: new_state(states[o].mesh, [() if d is None else d for d in states[o].layouts])
                       for o in outputs}
-            best = self._run_cost(expr, states, filled, shared)
+            best = self._run_cost(expr, actuals, filled, shared)
         return best
 
-    def _run_cost(self, expr, states, outs, shared=None) -> Cost:
+    def _run_cost(self, expr, actuals: list, outs: dict, shared=None) -> Cost:
+        """The cost of `expr` with its operands as `actuals` (resolved) and
+        its results as `outs` says."""
         for o in expr.tv_outputs:
             layouts = outs[o].layouts
             for k in range(len(layouts)):  # (an index loop: compiled, no tuple per axis)
                 if layouts[k] is None:
                     layouts[k] = ()
-        actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
         compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
-                               self.price)
+                               self.price, self.known_operand_plans)
         total = Cost(symbolic=self.symbolic)
         inputs, operands = expr.tv_inputs, compute.operands
         for i in range(min(len(inputs), len(operands))):  # (index loops: compiled, no tuple per pair)
@@ -255,6 +264,24 @@ class CostModel:
             tv = outputs[i]
             total = total + self.reshard(tv, results[i], resolved(tv, outs[tv]))
         return total
+
+    def known_operand_plans(self, expr, mesh, operand_states: list, rule) -> list:
+        """projection.operand_plans, remembered by the expr, the mesh and the
+        operands' states: a conflict weighs many result shardings, and
+        several candidates, against the same operands."""
+        parts = [expr, mesh]
+        for i in range(len(operand_states)):  # (an index loop: compiled, state is typed only in a loop)
+            state = operand_states[i]
+            parts.append((state.mesh, tuple([self.layout_number(d) if d else d for d in state.layouts])))
+        key = tuple(parts)
+        plans = self._operand_plans.get(key)
+        if plans is None:
+            plans = self._operand_plans[key] = operand_plans(expr, mesh, operand_states, rule)
+        return plans
+
+
+def _reduction_axes(tv: TensorView) -> tuple:
+    return tuple([k for k in range(len(tv.logical)) if tv.logical[k].is_reduction()])
 
 
 def _extent(sizes, tv: TensorView, k: int) -> float:

@@ -24,13 +24,15 @@ cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
 cpdef bint annotated_sum(tv) except -1
 
-cpdef list operand_axes(expr, i, rule)
+cpdef list operand_axes(expr, Py_ssize_t i, rule)
+
+cpdef list replicated_factors(rule)
 
 cpdef list axis_factors(expr, rule)
 
 cpdef _append_axes(list out, TensorView tv, role, position, list pairs, list extents, list names)
 
-cpdef list result_axes(expr, i, rule)
+cpdef list result_axes(expr, Py_ssize_t i, rule)
 
 cpdef split_axis(digits, factors, rule, dict mesh_sizes)
 
@@ -38,22 +40,27 @@ cpdef join_axis(list per_factor, factors, rule)
 
 cpdef tensor_axes(expr, tv, rule)
 
-@cython.locals(out=dict, j=Py_ssize_t)
+@cython.locals(out=dict, replicated=list, j=Py_ssize_t)
 cpdef dict project(list pairs, list layouts, rule, dict mesh_sizes, bint skip_replicated=*)
 
 @cython.locals(layouts=list)
 cpdef list unproject(list pairs, n_axes, dict factor_layouts, rule)
 
-@cython.locals(state=TvState, out=dict, sizes=dict, scattered=set, i=Py_ssize_t, j=Py_ssize_t)
+@cython.locals(state=TvState, out=dict, sizes=dict, scattered=tuple, replicated=list, tv=TensorView,
+               id_=IterDomain, i=Py_ssize_t, j=Py_ssize_t)
 cpdef dict factor_layouts(expr, list result_states, rule)
 
-cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*)
+@cython.locals(plans=list)
+cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*, alternatives=*)
 
-@cython.locals(s=TvState, operands=list, results=list, inputs=list, outputs=list, i=Py_ssize_t, tv=TensorView)
-cpdef _compute_plan(expr, dict factors, list result_states, rule)
+@cython.locals(s=TvState)
+cpdef _results_mesh(list result_states)
 
-@cython.locals(state=TvState, out=list, from_operands=dict, i=Py_ssize_t)
-cpdef list _alternatives(expr, base, list operand_states, rule)
+@cython.locals(operands=list, results=list, inputs=list, outputs=list, i=Py_ssize_t, tv=TensorView)
+cpdef _compute_plan(expr, dict factors, mesh, rule)
+
+@cython.locals(state=TvState, from_operands=dict, i=Py_ssize_t)
+cpdef list operand_plans(expr, mesh, list operand_states, rule)
 
 @cython.locals(tensors=list, states=list, i=Py_ssize_t)
 cpdef bint _realizable(expr, plan) except -1

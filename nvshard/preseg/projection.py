@@ -67,21 +67,30 @@ class AxisFactors:
 def operand_axes(expr, i: int, rule) -> list:
     """[(logical axis, factors)] of TensorView operand i: the rule lists its
     non-reduction axes. Cached with the rule: callers must not change it."""
-    key = ("operand_axes", i)
-    pairs = rule.cache.get(key)
-    if pairs is None:
-        pairs = rule.cache[key] = list(zip(expr.tv_inputs[i].non_reduction_axes(), rule.operands[i]))
-    return pairs
+    # (one list per side, keyed by a str: a str caches its hash, a (name, i) key is built and hashed per call)
+    per_operand = rule.cache.get("operand_axes")
+    if per_operand is None:
+        per_operand = rule.cache["operand_axes"] = [
+            list(zip(tv.non_reduction_axes(), axes)) for tv, axes in zip(expr.tv_inputs, rule.operands)]
+    return per_operand[i]
 
 
 def result_axes(expr, i: int, rule) -> list:
     """[(logical axis, factors)] of result i: the rule lists every logical
     axis. Cached with the rule: callers must not change it."""
-    key = ("result_axes", i)
-    pairs = rule.cache.get(key)
-    if pairs is None:
-        pairs = rule.cache[key] = list(enumerate(rule.results[i]))
-    return pairs
+    per_result = rule.cache.get("result_axes")
+    if per_result is None:
+        per_result = rule.cache["result_axes"] = [list(enumerate(axes)) for axes in rule.results]
+    return per_result[i]
+
+
+def replicated_factors(rule) -> list:
+    """Per factor of the rule: whether it is replicated (computed whole).
+    Cached with the rule."""
+    flags = rule.cache.get("replicated")
+    if flags is None:
+        flags = rule.cache["replicated"] = [f.kind is _REPLICATED for f in rule.factors]
+    return flags
 
 
 def tensor_axes(expr, tv, rule) -> Optional[list]:
@@ -160,6 +169,7 @@ def project(pairs: list, layouts: list, rule, mesh_sizes: dict, skip_replicated:
     operand_axes/result_axes give). Unsharded factors, axes that cannot be
     split over their factors and, if asked, replicated factors are left out."""
     out = {}
+    replicated = replicated_factors(rule)
     for k, factors in pairs:
         digits = layouts[k]
         if not factors or not digits:
@@ -169,7 +179,7 @@ def project(pairs: list, layouts: list, rule, mesh_sizes: dict, skip_replicated:
             continue
         for j in range(min(len(factors), len(per))):  # (an index loop: compiled, no tuple per pair)
             f, d = factors[j], per[j]
-            if d and not (skip_replicated and rule.factors[f].kind is _REPLICATED):
+            if d and not (skip_replicated and replicated[f]):
                 out[f] = d
     return out
 
@@ -216,31 +226,35 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
     that mesh axis. Replicated factors are computed whole."""
     out: dict = {}
     outputs = expr.tv_outputs
+    replicated = replicated_factors(rule)
     for i in range(min(len(outputs), len(result_states))):  # (index loops: compiled, no tuple per pair)
         tv, state = outputs[i], result_states[i]
         if state is None or state.mesh is None:
             continue
         sizes = state.mesh.axis_sizes()
-        scattered = set(state.pending(tv))
+        logical = tv.logical
+        scattered = state.pending(tv)  # (a few mesh axes, most often none: a tuple, no set)
         for k, factors in result_axes(expr, i, rule):
             if not factors or _any_in(factors, out):
                 continue
             digits = state.layouts[k]
-            if not tv.logical[k].is_reduction():
-                for m in scattered:
-                    if m in layout.mesh_axes_of(digits):
-                        digits = layout.without(digits, m, sizes)
+            if scattered:
+                id_ = logical[k]
+                if not id_.is_reduction():
+                    for m in scattered:
+                        if m in layout.mesh_axes_of(digits):
+                            digits = layout.without(digits, m, sizes)
             per = split_axis(digits, factors, rule, sizes)
             if per is None:
                 per = [() for _ in factors]
             for j in range(min(len(factors), len(per))):
                 f = factors[j]
-                out[f] = () if rule.factors[f].kind is _REPLICATED else per[j]
+                out[f] = () if replicated[f] else per[j]
     return out
 
 
 def plan_compute(expr, result_states: list, rule, operand_states: Optional[list] = None,
-                 price: Optional[Callable] = None) -> ComputePlan:
+                 price: Optional[Callable] = None, alternatives: Optional[Callable] = None) -> ComputePlan:
     """How `expr` computes given its results' shardings. Used by the cost
     model and the decomposition pass alike.
 
@@ -249,17 +263,24 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     computing on the operands' shards and resharding the results after
     competes with it by the bytes moved before and after the op, ties
     keeping the results' way: a replicated result of sharded operands is
-    then one gather of the result, not one per operand."""
-    base = _compute_plan(expr, factor_layouts(expr, result_states, rule), result_states, rule)
-    if price is None or operand_states is None or base.mesh is None:
+    then one gather of the result, not one per operand.
+    `alternatives(expr, mesh, operand_states, rule)` gives those competing
+    plans (default: operand_plans); a caller that asks about many result
+    shardings of the same operands passes one that remembers them."""
+    mesh = _results_mesh(result_states)
+    base = _compute_plan(expr, factor_layouts(expr, result_states, rule), mesh, rule)
+    if price is None or operand_states is None or mesh is None:
         return base
     if _moves_nothing(expr, base, result_states, operand_states):
         return base  # costs nothing: no alternative can be cheaper
+    if alternatives is None:
+        plans = operand_plans(expr, mesh, operand_states, rule)
+    else:
+        plans = alternatives(expr, mesh, operand_states, rule)
     best, best_cost = base, None
-    for factors in _alternatives(expr, base, operand_states, rule):
-        plan = _compute_plan(expr, factors, result_states, rule)
-        if not _realizable(expr, plan):
-            continue
+    for plan in plans:
+        if _same_factors(plan.factors, base.factors):
+            continue  # the results' way itself
         if best_cost is None:
             best_cost = _plan_cost(expr, base, result_states, operand_states, price)
         cost = _plan_cost(expr, plan, result_states, operand_states, price)
@@ -268,12 +289,15 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     return best
 
 
-def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan:
-    mesh = None
+def _results_mesh(result_states: list):
+    """The mesh an expr computes on: its first result's that has one."""
     for s in result_states:
         if s is not None and s.mesh is not None:
-            mesh = s.mesh
-            break
+            return s.mesh
+    return None
+
+
+def _compute_plan(expr, factors: dict, mesh, rule) -> ComputePlan:
     # (index loops, not comprehensions: compiled, tv is typed only in a loop)
     inputs, outputs, operands, results = expr.tv_inputs, expr.tv_outputs, [], []
     for i in range(len(inputs)):
@@ -285,26 +309,28 @@ def _compute_plan(expr, factors: dict, result_states: list, rule) -> ComputePlan
     return ComputePlan(mesh, factors, operands, results)
 
 
-def _alternatives(expr, base: ComputePlan, operand_states: list, rule) -> list:
-    """Factor layouts other than the results': as the operands on the
-    results' mesh already are (first operand first)."""
+def operand_plans(expr, mesh, operand_states: list, rule) -> list:
+    """The plans that compete with computing the results' way on `mesh`:
+    computing as the operands on that mesh already are (first operand
+    first), where no tensor would reuse a mesh axis. They read the
+    operands' states and the mesh only, never the results'."""
     # a pending sum the user annotated says how to compute: it stays
     for tv in expr.tv_outputs:
         if annotated_sum(tv):
             return []
-    out = []
     from_operands: dict = {}
     for i in range(min(len(expr.tv_inputs), len(operand_states))):  # (an index loop: compiled, no tuples)
         state = operand_states[i]
-        if state is None or state.mesh != base.mesh:
+        if state is None or state.mesh != mesh:
             continue
         known = [d or () for d in state.layouts]
-        for f, digits in project(operand_axes(expr, i, rule), known, rule, base.mesh.axis_sizes(),
+        for f, digits in project(operand_axes(expr, i, rule), known, rule, mesh.axis_sizes(),
                                  skip_replicated=True).items():
             from_operands.setdefault(f, digits)
-    if from_operands and not _same_factors(from_operands, base.factors):
-        out.append(from_operands)
-    return out
+    if not from_operands:
+        return []
+    plan = _compute_plan(expr, from_operands, mesh, rule)
+    return [plan] if _realizable(expr, plan) else []
 
 
 def rule_text(rule) -> str:
