@@ -36,7 +36,7 @@ cdef class CostModel:
     cdef public object sizes, symbolic
     cdef public _RememberingNumel numel
     cdef public dict _answers, _signatures, _signature_numbers, _signature_table, _layout_numbers, _layout_table
-    cdef public dict _expr_questions, _operand_plans
+    cdef public dict _expr_questions, _operand_plans, _completions
     cdef public set _weights
 
     cpdef tuple signature(self, TensorView tv)
@@ -58,17 +58,23 @@ cdef class CostModel:
                    state=TvState, t=TensorView, o=TensorView, i=Py_ssize_t)
     cpdef tuple _question(self, Expr expr, dict states, dict options, shared)
 
-    @cython.locals(outputs=list, actuals=list, open_axes=list, choices=list, filled=dict, o=TensorView, cost=Cost,
-                   best=Cost, i=Py_ssize_t)
+    @cython.locals(outputs=list, actuals=list, operands=tuple, alternatives=list, open_axes=list, choices=list,
+                   filled=dict, o=TensorView, cost=Cost, best=Cost, i=Py_ssize_t)
     cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
 
     @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, total=Cost, cost=Cost,
                    inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t, layouts=list,
                    k=Py_ssize_t)
-    cpdef _run_cost(self, Expr expr, list actuals, dict outs, shared=*)
+    cpdef _run_cost(self, Expr expr, list actuals, dict outs, shared, list alternatives)
 
-    @cython.locals(parts=list, state=TvState, i=Py_ssize_t, key=tuple, plans=list)
-    cpdef list known_operand_plans(self, Expr expr, mesh, list operand_states, rule)
+    @cython.locals(parts=list, state=TvState, inputs=list, t=TensorView, i=Py_ssize_t)
+    cpdef tuple _operands_part(self, Expr expr, list actuals, shared)
+
+    @cython.locals(key=tuple, plans=list)
+    cpdef list _known_operand_plans(self, Expr expr, mesh, list actuals, tuple operands)
+
+    @cython.locals(parts=list, outputs=list, state=TvState, i=Py_ssize_t, key=tuple, cost=Cost)
+    cpdef Cost _completion_cost(self, Expr expr, list actuals, dict outs, shared, tuple operands, list alternatives)
 
 
 @cython.locals(k=Py_ssize_t)

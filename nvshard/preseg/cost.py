@@ -98,7 +98,8 @@ class Cost:
 class CostModel:
     __slots__ = (
         "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "_signature_numbers",
-        "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights", "_operand_plans"
+        "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights", "_operand_plans",
+        "_completions"
     )
 
     def __init__(self, program, sizes=None):
@@ -116,7 +117,9 @@ class CostModel:
         self._layout_numbers: dict = {}  # id(layout) -> (layout, its key's number)
         self._layout_table: dict = {}  # layout.key -> its number
         self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
-        self._operand_plans: dict = {}  # (expr, mesh, operands' states) -> projection.operand_plans
+        # Within a plan, by the expr itself and numbered states:
+        self._operand_plans: dict = {}  # (operands' part, mesh) -> projection.operand_plans
+        self._completions: dict = {}  # (operands' part, results' states) -> _run_cost
         self._weights = {
             v for v in program.inputs
             if isinstance(v, TensorView) and all(id_.extent().is_static for id_ in v.logical)
@@ -216,6 +219,13 @@ class CostModel:
     def _expr_cost(self, expr, states: dict, options: dict, shared: Optional[dict]) -> Cost:
         outputs = expr.tv_outputs
         actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
+        operands = self._operands_part(expr, actuals, shared)
+        mesh = None  # the results' (projection.plan_compute computes on it)
+        for o in outputs:
+            if states[o].mesh is not None:
+                mesh = states[o].mesh
+                break
+        alternatives = self._known_operand_plans(expr, mesh, actuals, operands) if mesh is not None else []
         open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
         choices = [options.get(key, [()]) for key in open_axes]
         best = None
@@ -228,25 +238,66 @@ class CostModel:
                 filled[o].layouts[k] = combo[i]
             if not _all_consistent(outputs, filled):
                 continue
-            cost = self._run_cost(expr, actuals, filled, shared)
+            cost = self._completion_cost(expr, actuals, filled, shared, operands, alternatives)
             if best is None or cost.key() < best.key():
                 best = cost
         if best is None:  # every completion reused a mesh axis: leave them replicated
             filled = {o: new_state(states[o].mesh, [() if d is None else d for d in states[o].layouts])
                       for o in outputs}
-            best = self._run_cost(expr, actuals, filled, shared)
+            best = self._completion_cost(expr, actuals, filled, shared, operands, alternatives)
         return best
 
-    def _run_cost(self, expr, actuals: list, outs: dict, shared=None) -> Cost:
+    def _operands_part(self, expr, actuals: list, shared: Optional[dict]) -> tuple:
+        """What a cost of expr reads besides its results' states: the expr,
+        its operands' (resolved) states and how they are shared."""
+        parts = [expr]
+        for i in range(len(actuals)):  # (an index loop: compiled, state is typed only in a loop)
+            state = actuals[i]
+            parts.append((state.mesh, tuple([self.layout_number(d) if d else () for d in state.layouts])))
+        if shared:
+            inputs = expr.tv_inputs
+            for i in range(len(inputs)):
+                t = inputs[i]
+                if t in shared:
+                    made, sharers = shared[t]
+                    parts.append((i, frozenset(made), sharers))
+        return tuple(parts)
+
+    def _known_operand_plans(self, expr, mesh, actuals: list, operands: tuple) -> list:
+        """projection.operand_plans, remembered by the operands' part and the
+        mesh: a conflict weighs many result shardings, and several
+        candidates, against the same operands."""
+        key = (operands, mesh)
+        plans = self._operand_plans.get(key)
+        if plans is None:
+            plans = self._operand_plans[key] = operand_plans(expr, mesh, actuals, self.program.rule(expr))
+        return plans
+
+    def _completion_cost(self, expr, actuals: list, outs: dict, shared, operands: tuple, alternatives: list) -> Cost:
+        """_run_cost, remembered by the operands' part and the results'
+        states: a conflict's candidates, and the conflicts after it, ask
+        about the same completions again."""
+        parts = [operands]
+        outputs = expr.tv_outputs
+        for i in range(len(outputs)):  # (an index loop: compiled, state is typed only in a loop)
+            state = outs[outputs[i]]
+            parts.append((state.mesh, tuple([self.layout_number(d) if d else () for d in state.layouts])))
+        key = tuple(parts)
+        cost = self._completions.get(key)
+        if cost is None:
+            cost = self._completions[key] = self._run_cost(expr, actuals, outs, shared, alternatives)
+        return cost
+
+    def _run_cost(self, expr, actuals: list, outs: dict, shared, alternatives: list) -> Cost:
         """The cost of `expr` with its operands as `actuals` (resolved) and
-        its results as `outs` says."""
+        its results as `outs` says (`alternatives`: the operand plans)."""
         for o in expr.tv_outputs:
             layouts = outs[o].layouts
             for k in range(len(layouts)):  # (an index loop: compiled, no tuple per axis)
                 if layouts[k] is None:
                     layouts[k] = ()
         compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
-                               self.price, self.known_operand_plans)
+                               self.price, alternatives)
         total = Cost(symbolic=self.symbolic)
         inputs, operands = expr.tv_inputs, compute.operands
         for i in range(min(len(inputs), len(operands))):  # (index loops: compiled, no tuple per pair)
@@ -264,20 +315,6 @@ class CostModel:
             tv = outputs[i]
             total = total + self.reshard(tv, results[i], resolved(tv, outs[tv]))
         return total
-
-    def known_operand_plans(self, expr, mesh, operand_states: list, rule) -> list:
-        """projection.operand_plans, remembered by the expr, the mesh and the
-        operands' states: a conflict weighs many result shardings, and
-        several candidates, against the same operands."""
-        parts = [expr, mesh]
-        for i in range(len(operand_states)):  # (an index loop: compiled, state is typed only in a loop)
-            state = operand_states[i]
-            parts.append((state.mesh, tuple([self.layout_number(d) if d else d for d in state.layouts])))
-        key = tuple(parts)
-        plans = self._operand_plans.get(key)
-        if plans is None:
-            plans = self._operand_plans[key] = operand_plans(expr, mesh, operand_states, rule)
-        return plans
 
 
 def _reduction_axes(tv: TensorView) -> tuple:

@@ -51,7 +51,7 @@ cpdef list unproject(list pairs, n_axes, dict factor_layouts, rule)
 cpdef dict factor_layouts(expr, list result_states, rule)
 
 @cython.locals(plans=list)
-cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*, alternatives=*)
+cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*, list alternatives=*)
 
 @cython.locals(s=TvState)
 cpdef _results_mesh(list result_states)

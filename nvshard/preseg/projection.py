@@ -254,7 +254,7 @@ def factor_layouts(expr, result_states: list, rule) -> dict:
 
 
 def plan_compute(expr, result_states: list, rule, operand_states: Optional[list] = None,
-                 price: Optional[Callable] = None, alternatives: Optional[Callable] = None) -> ComputePlan:
+                 price: Optional[Callable] = None, alternatives: Optional[list] = None) -> ComputePlan:
     """How `expr` computes given its results' shardings. Used by the cost
     model and the decomposition pass alike.
 
@@ -264,19 +264,16 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     competes with it by the bytes moved before and after the op, ties
     keeping the results' way: a replicated result of sharded operands is
     then one gather of the result, not one per operand.
-    `alternatives(expr, mesh, operand_states, rule)` gives those competing
-    plans (default: operand_plans); a caller that asks about many result
-    shardings of the same operands passes one that remembers them."""
+    `alternatives` are those competing plans, operand_plans(expr, mesh,
+    operand_states, rule), where the caller has them: the cost model asks
+    about many result shardings of the same operands."""
     mesh = _results_mesh(result_states)
     base = _compute_plan(expr, factor_layouts(expr, result_states, rule), mesh, rule)
     if price is None or operand_states is None or mesh is None:
         return base
     if _moves_nothing(expr, base, result_states, operand_states):
         return base  # costs nothing: no alternative can be cheaper
-    if alternatives is None:
-        plans = operand_plans(expr, mesh, operand_states, rule)
-    else:
-        plans = alternatives(expr, mesh, operand_states, rule)
+    plans = operand_plans(expr, mesh, operand_states, rule) if alternatives is None else alternatives
     best, best_cost = base, None
     for plan in plans:
         if _same_factors(plan.factors, base.factors):
