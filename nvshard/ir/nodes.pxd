@@ -29,3 +29,5 @@ cdef class Expr:
     cdef public object op, inputs, outputs, attrs, _rule, _sized_rules
     cdef public list tv_inputs, tv_outputs
     cdef public object broadcast_axes, origin
+
+    cpdef rule(self, sizes=*)

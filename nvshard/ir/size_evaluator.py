@@ -101,14 +101,16 @@ class SizeEvaluator:
         return value
 
     def global_extent(self, tv: TensorView, axis: int) -> int:
-        ids = [tv.logical[i] for i in tv.non_reduction_axes()]
-        id_ = ids[axis]
+        return self._axis_extent(tv.logical[tv.non_reduction_axes()[axis]])
+
+    def global_shape(self, tv: TensorView) -> list:
+        logical = tv.logical
+        return [self._axis_extent(logical[i]) for i in tv.non_reduction_axes()]
+
+    def _axis_extent(self, id_) -> int:
         if id_.is_broadcast():
             return self.evaluate_size(id_.expanded) if id_.expanded is not None else 1
         return self.evaluate_size(id_.extent())
-
-    def global_shape(self, tv: TensorView) -> list:
-        return [self.global_extent(tv, a) for a in range(tv.ndim)]
 
     def scalar(self, value):
         if not isinstance(value, Scalar):

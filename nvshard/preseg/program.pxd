@@ -30,7 +30,7 @@ cdef class Program:
 
     cpdef index(self)
 
-    cpdef rule(self, expr)
+    cpdef rule(self, Expr expr)
 
 
 @cython.locals(e=Expr, o=TensorView, i=TensorView, readers=list, producer=dict, consumers=dict)
