@@ -215,13 +215,19 @@ class Engine:
                     continue
                 if not self.releasing:
                     self.releasing = True
-                    self._refresh(self._all_exprs())
+                    self._refresh(self._contractions())
                     continue
                 break
         self._finish()
 
     def _all_exprs(self):
         return [e for e in self.p.exprs if e.tv_outputs]
+
+    def _contractions(self):
+        """The exprs with a contraction factor: only their proposals read
+        `releasing` (what waits for their operands, their pending sums)."""
+        program = self.p
+        return [e for e in program.exprs if e.tv_outputs and _expr_structure(e, program.rule(e))[2]]
 
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
