@@ -97,6 +97,12 @@ cdef class Engine:
     cpdef _reclassify(self)
 
     @cython.locals(m=Choice)
+    @cython.locals(e=Expr)
+    cpdef list _all_exprs(self)
+
+    @cython.locals(e=Expr, program=Program, out=list)
+    cpdef list _contractions(self)
+
     cpdef list _easy(self)
 
     cpdef _push_conflict(self, tv)
@@ -137,6 +143,8 @@ cdef class Engine:
     @cython.locals(d=Decision, m=Choice, arriving=list, end=End, alone=tuple)
     cpdef list _offer(self, TensorEntry t, dict per_axis)
 
+
+cpdef tuple _expr_structure(Expr expr, rule)
 
 @cython.locals(o=Choice)
 cpdef bint _competes(Choice m, list choices) except -1

@@ -220,14 +220,24 @@ class Engine:
                 break
         self._finish()
 
-    def _all_exprs(self):
-        return [e for e in self.p.exprs if e.tv_outputs]
+    def _all_exprs(self) -> list:
+        out = []
+        for e in self.p.exprs:  # (a loop: compiled, e is typed only in a loop)
+            if e.tv_outputs:
+                out.append(e)
+        return out
 
-    def _contractions(self):
-        """The exprs with a contraction factor: only their proposals read
-        `releasing` (what waits for their operands, their pending sums)."""
+    def _contractions(self) -> list:
+        """The exprs with a contraction factor, in program order: only their
+        proposals read `releasing` (what waits for their operands, their
+        pending sums). Every expr that proposes has its proposals in
+        self.proposals, in program order (the level's first refresh)."""
         program = self.p
-        return [e for e in program.exprs if e.tv_outputs and _expr_structure(e, program.rule(e))[2]]
+        out = []
+        for e in self.proposals:
+            if _expr_structure(e, program.rule(e))[2]:
+                out.append(e)
+        return out
 
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
