@@ -62,7 +62,8 @@ cdef class CostModel:
                    filled=dict, o=TensorView, cost=Cost, best=Cost, i=Py_ssize_t)
     cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
 
-    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, total=Cost, cost=Cost,
+    @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, weight=double, other=double,
+                   steps=list, cost=Cost,
                    inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t, layouts=list,
                    k=Py_ssize_t)
     cpdef _run_cost(self, Expr expr, list actuals, dict outs, shared, list alternatives)

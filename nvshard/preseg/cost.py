@@ -159,7 +159,7 @@ class CostModel:
 
     def reshard(self, tv: TensorView, src: TvState, dst: TvState) -> Cost:
         if same_state(src, dst):
-            return Cost(symbolic=self.symbolic)
+            return Cost(0.0, 0.0, self.symbolic)
         steps = plan_reshard(tv, src, dst, self.numel)
         total = sum([s.bytes for s in steps])
         named = [(tv, "", s) for s in steps]
@@ -298,23 +298,29 @@ class CostModel:
                     layouts[k] = ()
         compute = plan_compute(expr, [outs[o] for o in expr.tv_outputs], self.program.rule(expr), actuals,
                                self.price, alternatives)
-        total = Cost(symbolic=self.symbolic)
+        # the sum of the reshards' costs, added up as Cost.__add__ would (no Cost per partial sum)
+        weight, other, steps = 0.0, 0.0, []
         inputs, operands = expr.tv_inputs, compute.operands
         for i in range(min(len(inputs), len(operands))):  # (index loops: compiled, no tuple per pair)
             tv, actual, required = inputs[i], actuals[i], operands[i]
             cost = self.reshard(tv, arriving_state(actual, required), required)
-            if shared and tv in shared and cost.total:
+            if shared and tv in shared and cost.weight + cost.other:
                 made, sharers = shared[tv]
                 if required.key() in made:
                     cost = cost.scaled(0.0, "made already")
                 elif sharers > 1:
                     cost = cost.scaled(1.0 / sharers, f"shared by {sharers} consumers")
-            total = total + cost
+            weight += cost.weight
+            other += cost.other
+            steps += cost.steps
         outputs, results = expr.tv_outputs, compute.results
         for i in range(min(len(outputs), len(results))):
             tv = outputs[i]
-            total = total + self.reshard(tv, results[i], resolved(tv, outs[tv]))
-        return total
+            cost = self.reshard(tv, results[i], resolved(tv, outs[tv]))
+            weight += cost.weight
+            other += cost.other
+            steps += cost.steps
+        return Cost(weight, other, self.symbolic, steps)
 
 
 def _reduction_axes(tv: TensorView) -> tuple:
