@@ -253,7 +253,8 @@ class CostModel:
         parts = [expr]
         for i in range(len(actuals)):  # (an index loop: compiled, state is typed only in a loop)
             state = actuals[i]
-            parts.append((state.mesh, tuple([self.layout_number(d) if d else () for d in state.layouts])))
+            # an open axis (None) arrives as required, a whole one (()) does not: they stay apart
+            parts.append((state.mesh, tuple([self.layout_number(d) if d else d for d in state.layouts])))
         if shared:
             inputs = expr.tv_inputs
             for i in range(len(inputs)):
@@ -281,6 +282,7 @@ class CostModel:
         outputs = expr.tv_outputs
         for i in range(len(outputs)):  # (an index loop: compiled, state is typed only in a loop)
             state = outs[outputs[i]]
+            # (a result's open axis is computed whole: _run_cost)
             parts.append((state.mesh, tuple([self.layout_number(d) if d else () for d in state.layouts])))
         key = tuple(parts)
         cost = self._completions.get(key)

@@ -214,3 +214,29 @@ def test_a_kept_cost_is_renamed_onto_other_tensors():
 
     assert cost.describe() == described(b, a)
     assert kept.renamed([c, d]).describe() == described(d, c)
+
+
+def test_remembered_completions_cost_what_fresh_ones_do(monkeypatch):
+    """The cost model remembers each completion's cost and each expr's
+    operand plans (cost.py): on the triangle update the conflict after the
+    pending sum's weighing asks about completions the weighing priced.
+    Remembered or priced afresh, the plan and its explanation are the same,
+    and the remembered answers were used."""
+    from nvshard.preseg import pipeline
+    from nvshard.preseg.cost import CostModel
+
+    asked = []
+
+    class Fresh(CostModel):  # (an extension type's cpdef methods are overridden, not patched)
+        def _completion_cost(self, expr, actuals, outs, shared, operands, alternatives):
+            asked.append((operands, tuple([outs[o].key() for o in expr.tv_outputs])))
+            return self._run_cost(expr, actuals, outs, shared, None)
+
+    fd, shapes = _triangle()
+    remembered = _explained(fd, shapes)
+    monkeypatch.setattr(pipeline, "CostModel", Fresh)
+    fd, shapes = _triangle()
+    assert _explained(fd, shapes) == remembered
+    assert "pending sum" in remembered
+    # a completion asked twice (same expr, operands and results): a remembered answer served one
+    assert len(asked) > len(set(asked))
