@@ -54,7 +54,7 @@ from .classes import PassThroughClasses
 from .conflicts import ConflictResolver
 from .cost import CostModel
 from .log import Decision, DecisionLog, new_decision
-from .program import Program, TvState
+from .program import Program, new_state
 from .projection import Role, axis_factors, split_axis
 from .proposals import (STAGE_TEXT, Annotation, Choice, Opinion, Proposal, Propagated, Stage, UnannotatedInput,
                         Unreached, compete, crossing_stage, direction_between, new_choice, new_opinion, new_proposal,
@@ -788,7 +788,7 @@ class Engine:
             layouts = [d.digits for d in t.decided]
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
-            self.p.state[tv] = TvState(mesh, layouts)
+            self.p.state[tv] = new_state(mesh, layouts)
 
 
 _CLASS = "pass-through class"  # TensorEntry.by_expr's key for proposals a class's spread left open
