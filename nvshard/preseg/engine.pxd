@@ -96,13 +96,13 @@ cdef class Engine:
     @cython.locals(m=Choice, stale=set)
     cpdef _reclassify(self)
 
-    @cython.locals(m=Choice)
-    @cython.locals(e=Expr)
+    @cython.locals(e=Expr, out=list)
     cpdef list _all_exprs(self)
 
     @cython.locals(e=Expr, program=Program, out=list)
     cpdef list _contractions(self)
 
+    @cython.locals(m=Choice)
     cpdef list _easy(self)
 
     cpdef _push_conflict(self, tv)
