@@ -183,7 +183,7 @@ class ConflictResolver:
             for t, (layouts, mesh) in others.items():
                 if t not in seen:
                     seen.add(t)
-                    parts.append((mesh, tuple([cost.layout_number(x) if x else x for x in layouts])))
+                    parts.append((mesh, tuple(cost.layouts_numbered(layouts))))
             for o in e.tv_outputs:
                 if _any_none(others[o][0] if o is not tv else own.decided):
                     parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))

@@ -9,7 +9,7 @@ from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state
 from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
 from nvshard.preseg.projection cimport (annotated_sum, arriving_state, operand_plans, plan_compute, resolved,
-                                        reuses_mesh_axis, rule_text, same_state)
+                                        results_mesh, reuses_mesh_axis, rule_text, same_state)
 
 
 cdef class Cost:
@@ -44,6 +44,8 @@ cdef class CostModel:
     cpdef signature_number(self, TensorView tv)
 
     cpdef layout_number(self, digits)
+
+    cpdef list layouts_numbered(self, layouts)
 
     cpdef bint is_weight(self, tv) except -1
 

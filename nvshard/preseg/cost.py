@@ -22,8 +22,8 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 
 from ..ir.nodes import TensorView
 from .program import TvState, new_state
-from .projection import (annotated_sum, arriving_state, operand_plans, plan_compute, resolved, reuses_mesh_axis,
-                         rule_text, same_state)
+from .projection import (annotated_sum, arriving_state, operand_plans, plan_compute, resolved, results_mesh,
+                         reuses_mesh_axis, rule_text, same_state)
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
 from .reshard import NumelModel, layout_number, numbered, plan_reshard
@@ -150,6 +150,11 @@ class CostModel:
         tensor to tensor (reshard.layout_number)."""
         return layout_number(digits, self._layout_numbers, self._layout_table)
 
+    def layouts_numbered(self, layouts) -> list:
+        """Each layout's number (layout_number), an open axis (None) and a
+        whole one (()) kept as they are."""
+        return [self.layout_number(d) if d else d for d in layouts]
+
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
 
@@ -201,7 +206,7 @@ class CostModel:
         for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
             state = states[tensors[i]]
             # () stays (), an open axis (None) stays None
-            numbers = [self.layout_number(d) if d else d for d in state.layouts]
+            numbers = self.layouts_numbered(state.layouts)
             for k in summed[i]:
                 numbers[k] = ()
             parts.append((sigs[i], state.mesh, tuple(numbers)))
@@ -220,11 +225,7 @@ class CostModel:
         outputs = expr.tv_outputs
         actuals = [resolved(tv, states[tv]) for tv in expr.tv_inputs]  # producers resolved any partial sums
         operands = self._operands_part(expr, actuals, shared)
-        mesh = None  # the results' (projection.plan_compute computes on it)
-        for o in outputs:
-            if states[o].mesh is not None:
-                mesh = states[o].mesh
-                break
+        mesh = results_mesh([states[o] for o in outputs])  # (the one plan_compute computes on)
         alternatives = self._known_operand_plans(expr, mesh, actuals, operands) if mesh is not None else []
         open_axes = [(o, k) for o in outputs for k in range(len(o.logical)) if states[o].layouts[k] is None]
         choices = [options.get(key, [()]) for key in open_axes]
@@ -253,8 +254,8 @@ class CostModel:
         parts = [expr]
         for i in range(len(actuals)):  # (an index loop: compiled, state is typed only in a loop)
             state = actuals[i]
-            # an open axis (None) arrives as required, a whole one (()) does not: they stay apart
-            parts.append((state.mesh, tuple([self.layout_number(d) if d else d for d in state.layouts])))
+            # (an open axis arrives as required, a whole one does not: layouts_numbered keeps them apart)
+            parts.append((state.mesh, tuple(self.layouts_numbered(state.layouts))))
         if shared:
             inputs = expr.tv_inputs
             for i in range(len(inputs)):
@@ -282,8 +283,7 @@ class CostModel:
         outputs = expr.tv_outputs
         for i in range(len(outputs)):  # (an index loop: compiled, state is typed only in a loop)
             state = outs[outputs[i]]
-            # (a result's open axis is computed whole: _run_cost)
-            parts.append((state.mesh, tuple([self.layout_number(d) if d else () for d in state.layouts])))
+            parts.append((state.mesh, tuple(self.layouts_numbered(state.layouts))))
         key = tuple(parts)
         cost = self._completions.get(key)
         if cost is None:

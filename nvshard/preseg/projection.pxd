@@ -54,7 +54,7 @@ cpdef dict factor_layouts(expr, list result_states, rule)
 cpdef plan_compute(expr, list result_states, rule, operand_states=*, price=*, list alternatives=*)
 
 @cython.locals(s=TvState)
-cpdef _results_mesh(list result_states)
+cpdef results_mesh(list result_states)
 
 @cython.locals(operands=list, results=list, inputs=list, outputs=list, i=Py_ssize_t, tv=TensorView)
 cpdef _compute_plan(expr, dict factors, mesh, rule)

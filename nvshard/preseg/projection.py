@@ -267,7 +267,7 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     `alternatives` are those competing plans, operand_plans(expr, mesh,
     operand_states, rule), where the caller has them: the cost model asks
     about many result shardings of the same operands."""
-    mesh = _results_mesh(result_states)
+    mesh = results_mesh(result_states)
     base = _compute_plan(expr, factor_layouts(expr, result_states, rule), mesh, rule)
     if price is None or operand_states is None or mesh is None:
         return base
@@ -286,7 +286,7 @@ def plan_compute(expr, result_states: list, rule, operand_states: Optional[list]
     return best
 
 
-def _results_mesh(result_states: list):
+def results_mesh(result_states: list):
     """The mesh an expr computes on: its first result's that has one."""
     for s in result_states:
         if s is not None and s.mesh is not None:
