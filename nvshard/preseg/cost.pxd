@@ -35,7 +35,7 @@ cdef class CostModel:
     cdef public Program program
     cdef public object sizes, symbolic
     cdef public _RememberingNumel numel
-    cdef public dict _answers, _signatures, _signature_numbers, _signature_table, _layout_numbers, _layout_table
+    cdef public dict _answers, _signature_numbers, _signature_table, _layout_numbers, _layout_table
     cdef public dict _expr_questions, _operand_plans, _completions
     cdef public set _weights
 
@@ -83,7 +83,8 @@ cdef class CostModel:
 @cython.locals(k=Py_ssize_t)
 cpdef tuple _reduction_axes(TensorView tv)
 
-@cython.locals(id_=IterDomain, axes=list, known=tuple, kind=Py_ssize_t, part=tuple)
+@cython.locals(id_=IterDomain, axes=list, known=tuple, parts=list, kind=Py_ssize_t, part=tuple, reduction=bint,
+               broadcast=bint)
 cpdef tuple _signature(TensorView tv, sizes, dict extents)
 
 cpdef _axis_size(IterDomain id_)

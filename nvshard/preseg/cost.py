@@ -97,7 +97,7 @@ class Cost:
 
 class CostModel:
     __slots__ = (
-        "program", "sizes", "symbolic", "numel", "_answers", "_signatures", "_signature_numbers",
+        "program", "sizes", "symbolic", "numel", "_answers", "_signature_numbers",
         "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights", "_operand_plans",
         "_completions"
     )
@@ -108,7 +108,6 @@ class CostModel:
         self.symbolic = sizes is None
         self.numel = _RememberingNumel(sizes)
         self._answers: dict = {}  # expr_cost by structure and states
-        self._signatures: dict = {}
         # Questions (here and in conflicts.py) name signatures and layouts by
         # numbers, this plan's (as reshard.plan_key does): a lookup then hashes
         # and compares a few ints, not nested tuples of sizes and keys.
@@ -131,11 +130,9 @@ class CostModel:
     def signature(self, tv: TensorView) -> tuple:
         """What a cost depends on of a tensor besides its state (its dtype,
         axes and extents; weight; an annotated pending sum): equal
-        signatures, equal states and equal structure ask the same question."""
-        sig = self._signatures.get(tv)
-        if sig is None:
-            sig = self._signatures[tv] = (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
-        return sig
+        signatures, equal states and equal structure ask the same question.
+        (Kept only as its number: signature_number.)"""
+        return (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
 
     def signature_number(self, tv: TensorView):
         """signature(tv)'s number: equal signatures, equal numbers."""
@@ -370,17 +367,20 @@ def _signature(tv, sizes, extents: dict) -> tuple:
     """NumelModel.signature of tv, what it says of each Size kept in `extents`."""
     axes = []
     for id_ in tv.logical:
-        size = _axis_size(id_)
+        reduction = id_.is_reduction()
+        broadcast = id_.is_broadcast()
+        size = id_.expanded if broadcast and id_.expanded is not None else id_.extent()  # (_axis_size)
         # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
         known = extents.get(id(size))
         if known is None:
             known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
         # one (reduction?, broadcast?, extent) tuple per Size and kind of axis, shared by
         # every axis alike: none is made per axis, and equal signatures compare by identity
-        kind = 2 * id_.is_reduction() + id_.is_broadcast()
-        part = known[2][kind]
+        parts = known[2]
+        kind = 2 * reduction + broadcast
+        part = parts[kind]
         if part is None:
-            part = known[2][kind] = (id_.is_reduction(), id_.is_broadcast(), known[1])
+            part = parts[kind] = (reduction, broadcast, known[1])
         axes.append(part)
     return (tv.dtype().itemsize, tuple(axes))
 
