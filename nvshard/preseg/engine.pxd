@@ -46,6 +46,7 @@ cdef class Engine:
     cdef public object _heap_counter
     cdef public dict adjacent, _reduction_axes, _layouts_seen, _open_to
     cdef public dict _per_target, _changed_axes
+    cdef public set _held_back
     cdef public object _refresh_by_factor
     cdef public dict home
     cdef public object resolver
@@ -99,8 +100,8 @@ cdef class Engine:
     @cython.locals(e=Expr, out=list)
     cpdef list _all_exprs(self)
 
-    @cython.locals(e=Expr, program=Program, out=list)
-    cpdef list _contractions(self)
+    @cython.locals(held_back=set, out=list)
+    cpdef list _held_back_exprs(self)
 
     @cython.locals(m=Choice)
     cpdef list _easy(self)

@@ -118,7 +118,7 @@ class Engine:
         "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries",
         "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
         "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
-        "_changed_axes", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
+        "_changed_axes", "_held_back", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
     )
 
     def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True,
@@ -148,6 +148,9 @@ class Engine:
         self._open_to: dict = {}  # expr -> (its axes that are not annotated, each of its slots' TensorEntry)
         self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
         self._changed_axes: dict = {}  # tv -> axes decided since the last refresh
+        # exprs whose current proposals `releasing` holds back (a contraction
+        # waiting for an open operand, a pending sum blocked by one)
+        self._held_back: set = set()
         self._refresh_by_factor = refresh_by_factor
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self)
@@ -215,7 +218,7 @@ class Engine:
                     continue
                 if not self.releasing:
                     self.releasing = True
-                    self._refresh(self._contractions())
+                    self._refresh(self._held_back_exprs())
                     continue
                 break
         self._finish()
@@ -227,16 +230,17 @@ class Engine:
                 out.append(e)
         return out
 
-    def _contractions(self) -> list:
-        """The exprs with a contraction factor, in program order: only their
-        proposals read `releasing` (what waits for their operands, their
-        pending sums). Every expr that proposes has its proposals in
+    def _held_back_exprs(self) -> list:
+        """The exprs `releasing` held back when their proposals were last
+        derived, in program order: no other expr's proposals change when
+        it flips. Every expr that proposes has its proposals in
         self.proposals, in program order (the level's first refresh)."""
-        program = self.p
+        held_back = self._held_back
         out = []
-        for e in self.proposals:
-            if _expr_structure(e, program.rule(e))[2]:
-                out.append(e)
+        if held_back:
+            for e in self.proposals:
+                if e in held_back:
+                    out.append(e)
         return out
 
     def _reclassify(self) -> None:
@@ -328,6 +332,7 @@ class Engine:
         the contraction's waiting flips."""
         entries = self.entries
         frozen = self.frozen
+        self._held_back.discard(expr)  # (until this derivation says otherwise)
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
         previous = self._per_target.pop(expr, None)
@@ -386,6 +391,8 @@ class Engine:
         # competing sharding: what crosses the op waits for the contraction
         # stage, so the pass-through wave reaches that operand first.
         waiting = has_sum and not self.releasing and self._operand_open(slots, slot_entries)
+        if waiting:
+            self._held_back.add(expr)
         if previous is not None and previous[0] != waiting:
             crossed = None
         per_target = {}
@@ -419,6 +426,7 @@ class Engine:
             if is_pending and kind is _SUM:
                 ops = self._pending_options(f, ops, slots)
                 if ops is None:
+                    self._held_back.add(expr)
                     return
             if not ops:
                 return
@@ -447,6 +455,7 @@ class Engine:
             if is_pending and kind is _SUM:
                 ops = self._pending_options(f, ops, slots)
                 if ops is None:
+                    self._held_back.add(expr)
                     per_factor = None
                     break
             per_factor.append(ops)
@@ -489,7 +498,8 @@ class Engine:
     def _pending_options(self, f, ops, slots):
         """Layouts for a pending sum over contraction factor f: only once every
         operand on f has decided (or cannot change), plus an explicit
-        'replicated' when an operand cannot take the proposed mesh axes."""
+        'replicated' when an operand cannot take the proposed mesh axes.
+        None: an operand on f is still open (see Engine._held_back)."""
         options = list(ops)
         for s in slots:
             if s.role is not _OPERAND or f not in s.factors:
