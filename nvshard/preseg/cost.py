@@ -367,15 +367,15 @@ def _signature(tv, sizes, extents: dict) -> tuple:
     """NumelModel.signature of tv, what it says of each Size kept in `extents`."""
     axes = []
     for id_ in tv.logical:
-        reduction = id_.is_reduction()
-        broadcast = id_.is_broadcast()
-        size = id_.expanded if broadcast and id_.expanded is not None else id_.extent()  # (_axis_size)
+        size = _axis_size(id_)
         # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
         known = extents.get(id(size))
         if known is None:
             known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
         # one (reduction?, broadcast?, extent) tuple per Size and kind of axis, shared by
         # every axis alike: none is made per axis, and equal signatures compare by identity
+        reduction = id_.is_reduction()
+        broadcast = id_.is_broadcast()
         parts = known[2]
         kind = 2 * reduction + broadcast
         part = parts[kind]
