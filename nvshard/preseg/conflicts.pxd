@@ -41,18 +41,20 @@ cdef class ConflictResolver:
     @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
     cpdef tuple _candidates(self, tv)
 
-    @cython.locals(around=list, tensors=list, known=list, costs=list, cost=Cost, unnamed=list)
+    @cython.locals(around=list, tensors=list, sharing=list, known=list, costs=list, cost=Cost, unnamed=list)
     cpdef list _costs(self, tv, list candidates)
 
-    @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, others=dict,
-                   shared=dict, place=dict, c=list, e=Expr, o=TensorView, own=TensorEntry)
-    cpdef tuple _question(self, tv, list candidates, list around)
+    @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, entries=dict,
+                   shared=dict, sharing=list, place=dict, c=list, e=Expr, o=TensorView, own=TensorEntry,
+                   entry=TensorEntry)
+    cpdef tuple _question(self, tv, list candidates)
 
     @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr)
     cpdef tuple _neighbourhood(self, tv)
 
-    @cython.locals(engine=Engine, d=Decision, around=list, others=dict, e=Expr, entry=TensorEntry)
-    cpdef list _around(self, tv)
+    @cython.locals(entries=dict, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,
+                   i=Py_ssize_t)
+    cpdef list _around(self, tv, list sharing)
 
     @cython.locals(entry=TensorEntry, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict,
                    e=Expr, o=TensorView)
@@ -66,6 +68,9 @@ cdef class ConflictResolver:
 
 
 cpdef tuple _facts(Choice m, CostModel cost)
+
+@cython.locals(d=Decision)
+cpdef list _layouts(TensorEntry entry)
 
 cpdef bint _any_none(values) except -1
 

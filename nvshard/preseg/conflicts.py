@@ -149,14 +149,14 @@ class ConflictResolver:
         """Each candidate's cost. Stacked layers meet the same conflict over
         and over: the costs are kept by everything they depend on (the
         question), with the tensors' names put back."""
-        around = self._around(tv)
-        question, tensors = self._question(tv, candidates, around)
+        question, tensors, sharing = self._question(tv, candidates)
         known = self._answers.get(question)
         costs = []
         if known is not None:
             for cost in known:  # (a loop: compiled, a comprehension's variable is untyped)
                 costs.append(cost.renamed(tensors))
             return costs
+        around = self._around(tv, sharing)  # (only a question asked for the first time prices candidates)
         for c in candidates:
             costs.append(self._cost(tv, c, around))
         unnamed = []
@@ -165,32 +165,38 @@ class ConflictResolver:
         self._answers[question] = unnamed
         return costs
 
-    def _question(self, tv, candidates: list, around: list) -> tuple:
+    def _question(self, tv, candidates: list) -> tuple:
         """(what the candidates' costs depend on, with tensors as places in
-        the neighbourhood; the neighbourhood's tensors, tv first): tv's state
-        and the candidates; per adjacent expr its rule, which places its
-        tensors are, the other tensors' states, the choices of its open
-        results (_options) and how its operands are shared (_sharing); and
-        each place's signature (dtype, axes, extents, weight)."""
+        the neighbourhood; the neighbourhood's tensors, tv first; per adjacent
+        expr how its operands are shared): tv's state and the candidates; per
+        adjacent expr its rule, which places its tensors are, the other
+        tensors' states, the choices of its open results (_options) and how
+        its operands are shared (_sharing); and each place's signature
+        (dtype, axes, extents, weight)."""
         engine, cost = self.engine, self.cost
-        own = engine.entries[tv]
+        entries = engine.entries
+        own = entries[tv]
         tensors, place, fixed = self._neighbourhood(tv)
         parts = [fixed, own.mesh,
                  tuple([None if d is None else cost.layout_number(d.digits) for d in own.decided]),
                  tuple([tuple([_facts(m, cost) for m in c]) for c in candidates])]
         seen = {tv}
-        for e, others, shared in around:
-            for t, (layouts, mesh) in others.items():
+        sharing = []
+        for e in own.adjacent:
+            for t in e.tv_inputs + e.tv_outputs:
                 if t not in seen:
                     seen.add(t)
-                    parts.append((mesh, tuple(cost.layouts_numbered(layouts))))
+                    entry = entries[t]
+                    parts.append((entry.mesh, tuple(cost.layouts_numbered(_layouts(entry)))))
             for o in e.tv_outputs:
-                if _any_none(others[o][0] if o is not tv else own.decided):
+                if _any_none(entries[o].decided):
                     parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))
                 else:
                     parts.append(None)
+            shared = {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}
+            sharing.append(shared)
             parts.append(tuple([(place[t], frozenset(made), sharers) for t, (made, sharers) in shared.items()]))
-        return tuple(parts), tensors
+        return tuple(parts), tensors, sharing
 
     def _neighbourhood(self, tv) -> tuple:
         """(tv and the tensors of its adjacent exprs, in the order questions
@@ -211,19 +217,22 @@ class ConflictResolver:
             known = self._neighbourhoods[tv] = (tensors, place, fixed)
         return known
 
-    def _around(self, tv) -> list:
+    def _around(self, tv, sharing: list) -> list:
         """What a candidate's cost depends on besides the candidate, per expr
         adjacent to tv (the same for every candidate): [(expr, the other
-        tensors' (layouts, mesh), their sharing)]."""
-        engine = self.engine
+        tensors' (layouts, mesh), their sharing)]; `sharing`: per expr, as
+        _question found it."""
+        entries = self.engine.entries
         around = []
-        for e in engine.entries[tv].adjacent:
+        adjacent = entries[tv].adjacent
+        for i in range(len(adjacent)):  # (an index loop: compiled, no tuple per pair)
+            e = adjacent[i]
             others = {}
             for t in e.tv_inputs + e.tv_outputs:
                 if t is not tv and t not in others:
-                    entry = engine.entries[t]
-                    others[t] = ([d.digits if d is not None else None for d in entry.decided], entry.mesh)
-            around.append((e, others, {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}))
+                    entry = entries[t]
+                    others[t] = (_layouts(entry), entry.mesh)
+            around.append((e, others, sharing[i]))
         return around
 
     def _cost(self, tv, chosen: list, around: list) -> Cost:
@@ -320,6 +329,11 @@ class ConflictResolver:
         if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
             return None
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
+
+
+def _layouts(entry) -> list:
+    """A tensor's layouts as decided so far (None: an open axis)."""
+    return [d.digits if d is not None else None for d in entry.decided]
 
 
 def _any_none(values) -> bool:

@@ -52,10 +52,10 @@ def _asked_and_explained(monkeypatch, fd, shapes, remember: bool):
     # A subclass, not a patched method: compiled, ConflictResolver is an
     # extension type (its methods cannot be replaced, only overridden).
     class Asking(ConflictResolver):
-        def _question(self, tv, candidates, around):
-            key, tensors = ConflictResolver._question(self, tv, candidates, around)
+        def _question(self, tv, candidates):
+            key, tensors, sharing = ConflictResolver._question(self, tv, candidates)
             asked.append(key)
-            return (key if remember else object()), tensors
+            return (key if remember else object()), tensors, sharing
 
     monkeypatch.setattr(engine, "ConflictResolver", Asking)
     return asked, _explained(fd, shapes)
