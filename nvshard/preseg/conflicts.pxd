@@ -56,7 +56,7 @@ cdef class ConflictResolver:
                    i=Py_ssize_t)
     cpdef list _around(self, tv, list sharing)
 
-    @cython.locals(entry=TensorEntry, d=Decision, m=Choice, layouts=list, states=dict, options=dict, others=dict,
+    @cython.locals(entry=TensorEntry, m=Choice, layouts=list, states=dict, options=dict, others=dict,
                    e=Expr, o=TensorView)
     cpdef _cost(self, tv, list chosen, list around)
 

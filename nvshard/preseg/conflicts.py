@@ -187,7 +187,7 @@ class ConflictResolver:
                 if t not in seen:
                     seen.add(t)
                     entry = entries[t]
-                    parts.append((entry.mesh, tuple(cost.layouts_numbered(_layouts(entry)))))
+                    parts.append(cost.numbered_state(entry.mesh, _layouts(entry)))
             for o in e.tv_outputs:
                 if _any_none(entries[o].decided):
                     parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))
@@ -245,7 +245,7 @@ class ConflictResolver:
                 if m.mesh is not None:
                     mesh = m.mesh
                     break
-        layouts = [d.digits if d is not None else None for d in entry.decided]
+        layouts = _layouts(entry)
         for m in chosen:
             layouts[m.axis] = m.digits
         own = new_state(mesh, layouts)

@@ -47,6 +47,8 @@ cdef class CostModel:
 
     cpdef list layouts_numbered(self, layouts)
 
+    cpdef tuple numbered_state(self, mesh, layouts)
+
     cpdef bint is_weight(self, tv) except -1
 
     cpdef price(self, tv, TvState src, TvState dst)

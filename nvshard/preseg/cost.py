@@ -152,6 +152,11 @@ class CostModel:
         whole one (()) kept as they are."""
         return [self.layout_number(d) if d else d for d in layouts]
 
+    def numbered_state(self, mesh, layouts) -> tuple:
+        """A state as questions name it: its mesh and its layouts' numbers
+        (layouts_numbered)."""
+        return (mesh, tuple(self.layouts_numbered(layouts)))
+
     def is_weight(self, tv: TensorView) -> bool:
         return self.symbolic and tv in self._weights
 
@@ -252,7 +257,7 @@ class CostModel:
         for i in range(len(actuals)):  # (an index loop: compiled, state is typed only in a loop)
             state = actuals[i]
             # (an open axis arrives as required, a whole one does not: layouts_numbered keeps them apart)
-            parts.append((state.mesh, tuple(self.layouts_numbered(state.layouts))))
+            parts.append(self.numbered_state(state.mesh, state.layouts))
         if shared:
             inputs = expr.tv_inputs
             for i in range(len(inputs)):
@@ -280,7 +285,7 @@ class CostModel:
         outputs = expr.tv_outputs
         for i in range(len(outputs)):  # (an index loop: compiled, state is typed only in a loop)
             state = outs[outputs[i]]
-            parts.append((state.mesh, tuple(self.layouts_numbered(state.layouts))))
+            parts.append(self.numbered_state(state.mesh, state.layouts))
         key = tuple(parts)
         cost = self._completions.get(key)
         if cost is None:
