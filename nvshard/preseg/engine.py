@@ -245,7 +245,9 @@ class Engine:
 
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
-        for tv in sorted(stale, key=_NUMBER):
+        # In any order: a tensor's class reads only its own record, and the
+        # conflict heap's keys end with the tensor's number (no ties).
+        for tv in stale:
             easy, competing = self.classify(tv)
             stages = {m.stage for m in easy}
             for stage, targets in self._easy_targets.items():
