@@ -94,7 +94,7 @@ cdef class Engine:
     @cython.locals(d=Decision, other=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
-    @cython.locals(m=Choice, stale=set)
+    @cython.locals(m=Choice, stale=set, easy=list, competing=list, stages=set, targets=set)
     cpdef _reclassify(self)
 
     @cython.locals(e=Expr, out=list)
@@ -103,7 +103,7 @@ cdef class Engine:
     @cython.locals(held_back=set, out=list)
     cpdef list _held_back_exprs(self)
 
-    @cython.locals(m=Choice)
+    @cython.locals(m=Choice, targets=set)
     cpdef list _easy(self)
 
     cpdef _push_conflict(self, tv)
@@ -119,7 +119,7 @@ cdef class Engine:
     cpdef tuple _layout_facts(self, digits)
 
     @cython.locals(p=Proposal, entries=dict, touched=set, old=list, new=list, per_expr=dict, props=list,
-                   t=TensorEntry)
+                   t=TensorEntry, internal=set)
     cpdef _refresh(self, exprs, changed=*)
 
     cpdef _invalidate(self, TensorEntry t)

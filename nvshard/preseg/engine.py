@@ -530,8 +530,8 @@ class Engine:
                 continue  # its axes hear of each other through their class
             old = self.proposals.get(e)
             if old:
-                for tv in {p.tv for p in old}:
-                    t = entries[tv]
+                for p in old:  # (per proposal, not per tensor: both steps repeat harmlessly)
+                    t = entries[p.tv]
                     touched.add(t)
                     if t.by_expr is not None:
                         t.by_expr.pop(e, None)
