@@ -25,10 +25,12 @@ cdef class Cost:
 
 
 cdef class _RememberingNumel(NumelModel):
-    cdef public dict _signatures, _extents
+    cdef public dict _signatures, _extents, _numbers, _number_table
     cdef public object _sizes
 
     cpdef tuple signature(self, tv)
+
+    cpdef signature_number(self, tv)
 
 
 cdef class CostModel:
@@ -88,6 +90,9 @@ cpdef tuple _reduction_axes(TensorView tv)
 @cython.locals(id_=IterDomain, axes=list, known=tuple, parts=list, kind=Py_ssize_t, part=tuple, reduction=bint,
                broadcast=bint)
 cpdef tuple _signature(TensorView tv, sizes, dict extents)
+
+@cython.locals(id_=IterDomain, known=tuple, key=list)
+cpdef tuple _signature_key(TensorView tv, sizes, dict extents)
 
 cpdef _axis_size(IterDomain id_)
 

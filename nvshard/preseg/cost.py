@@ -135,10 +135,12 @@ class CostModel:
         return (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
 
     def signature_number(self, tv: TensorView):
-        """signature(tv)'s number: equal signatures, equal numbers."""
+        """signature(tv)'s number: equal signatures, equal numbers (made of
+        the numel signature's number: no signature tuple is built or hashed)."""
         n = self._signature_numbers.get(tv)
         if n is None:
-            n = self._signature_numbers[tv] = numbered(self._signature_table, self.signature(tv))
+            n = self._signature_numbers[tv] = numbered(
+                self._signature_table, (self.numel.signature_number(tv), self.is_weight(tv), annotated_sum(tv)))
         return n
 
     def layout_number(self, digits):
@@ -350,7 +352,7 @@ class _RememberingNumel(NumelModel):
     """A NumelModel that computes each tensor's signature once per plan
     (every reshard plan looks it up), as NumelModel.signature does."""
 
-    __slots__ = ("_signatures", "_sizes", "_extents")
+    __slots__ = ("_signatures", "_sizes", "_extents", "_numbers", "_number_table")
 
     def __init__(self, sizes):
         # a function of the sizes, not a bound method: no cycle through self
@@ -360,12 +362,23 @@ class _RememberingNumel(NumelModel):
         # id(size) -> (size, its value, its signature parts): axes share Size
         # objects, so few differ (the entry keeps the size alive, so its id is not reused)
         self._extents: dict = {}
+        self._numbers: dict = {}  # tv -> its signature's number
+        self._number_table: dict = {}  # _signature_key -> number
 
     def signature(self, tv) -> tuple:
         sig = self._signatures.get(tv)
         if sig is None:
             sig = self._signatures[tv] = _signature(tv, self._sizes, self._extents)
         return sig
+
+    def signature_number(self, tv) -> int:
+        """signature(tv)'s number in this plan: equal signatures, equal
+        numbers. Numbered by a flat key of numbers (_signature_key), without
+        building the signature itself."""
+        n = self._numbers.get(tv)
+        if n is None:
+            n = self._numbers[tv] = numbered(self._number_table, _signature_key(tv, self._sizes, self._extents))
+        return n
 
 
 def _signature(tv, sizes, extents: dict) -> tuple:
@@ -388,6 +401,20 @@ def _signature(tv, sizes, extents: dict) -> tuple:
             part = parts[kind] = (reduction, broadcast, known[1])
         axes.append(part)
     return (tv.dtype().itemsize, tuple(axes))
+
+
+def _signature_key(tv, sizes, extents: dict) -> tuple:
+    """What _signature says of tv, flat: its item size, then per axis its
+    extent and its kind (2 * reduction + broadcast)."""
+    key = [tv.dtype().itemsize]
+    for id_ in tv.logical:
+        size = _axis_size(id_)
+        known = extents.get(id(size))
+        if known is None:
+            known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
+        key.append(known[1])
+        key.append(2 * id_.is_reduction() + id_.is_broadcast())
+    return tuple(key)
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:

@@ -48,7 +48,7 @@ class _Rewrite:
         # number (the first time one is seen), so that hashing and comparing a
         # question reads a few ints, not nested tuples.
         self.layout_key_numbers: dict = {}  # a layout key -> its number
-        self.kind_numbers: dict = {}  # (a signature, annotated_sum) -> its number
+        self.kind_numbers: dict = {}  # (a signature's number, annotated_sum) -> its number
         self.tensor_kinds: dict = {}  # tv -> its number in kind_numbers
         self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
 
@@ -126,7 +126,7 @@ class _Rewrite:
         """The number of what plan_compute reads of tv besides its state."""
         n = self.tensor_kinds.get(tv)
         if n is None:
-            n = self.tensor_kinds[tv] = numbered(self.kind_numbers, (self.numel.signature(tv), annotated_sum(tv)))
+            n = self.tensor_kinds[tv] = numbered(self.kind_numbers, (self.numel.signature_number(tv), annotated_sum(tv)))
         return n
 
     def _state_key(self, state: TvState) -> tuple:

@@ -10,9 +10,11 @@ from nvshard.preseg.program cimport TvState, new_state
 
 cdef class NumelModel:
     cdef public object extent, _generation
-    cdef public dict plans, _signature_numbers, _layout_numbers
+    cdef public dict plans, _signature_numbers, _layout_numbers, _numbered_signatures
 
     cpdef tuple signature(self, tv)
+
+    cpdef signature_number(self, tv)
 
     cpdef local_numel(self, tv, TvState state)
 

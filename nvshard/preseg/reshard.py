@@ -45,7 +45,7 @@ class NumelModel:
     """Local element counts of a tensor for a state; `extent(tv, k)` is the
     global extent of logical axis k (a number, possibly an estimate)."""
 
-    __slots__ = ("extent", "plans", "_signature_numbers", "_layout_numbers", "_generation")
+    __slots__ = ("extent", "plans", "_signature_numbers", "_layout_numbers", "_generation", "_numbered_signatures")
 
     def __init__(self, extent: Callable):
         self.extent = extent
@@ -56,11 +56,17 @@ class NumelModel:
         self._signature_numbers: dict = {}
         self._layout_numbers: dict = {}
         self._generation = _numbers_generation
+        self._numbered_signatures: dict = {}  # a signature -> its number (signature_number)
 
     def signature(self, tv) -> tuple:
         """What a reshard plan depends on besides the layouts."""
         return (tv.dtype().itemsize,
                 tuple([(id_.is_reduction(), id_.is_broadcast(), self.extent(tv, k)) for k, id_ in enumerate(tv.logical)]))
+
+    def signature_number(self, tv) -> int:
+        """signature(tv)'s number in this model: equal signatures, equal
+        numbers (never reset, unlike plan_key's)."""
+        return numbered(self._numbered_signatures, self.signature(tv))
 
     def local_numel(self, tv, state: TvState) -> float:
         n = 1.0

@@ -187,11 +187,16 @@ def test_question_numbers_name_what_they_stand_for():
             assert model.layout_number(d) == -1
     assert len(by_key) > 2 and all(len(numbers) == 1 for numbers in by_key.values())
     assert len({n for numbers in by_key.values() for n in numbers}) == len(by_key)
-    by_signature = {}
-    for tv in program.state:
-        by_signature.setdefault(model.signature(tv), set()).add(model.signature_number(tv))
-    assert len(by_signature) > 2 and all(len(numbers) == 1 for numbers in by_signature.values())
-    assert len({n for numbers in by_signature.values() for n in numbers}) == len(by_signature)
+    # the cost model's signatures and the element-count model's (which the
+    # cost model's numbers are made of, and the decomposition reads), each
+    # numbered one to one with its signatures
+    for signature, number in ((model.signature, model.signature_number),
+                              (model.numel.signature, model.numel.signature_number)):
+        by_signature = {}
+        for tv in program.state:
+            by_signature.setdefault(signature(tv), set()).add(number(tv))
+        assert len(by_signature) > 2 and all(len(numbers) == 1 for numbers in by_signature.values())
+        assert len({n for numbers in by_signature.values() for n in numbers}) == len(by_signature)
 
 
 def test_a_kept_cost_is_renamed_onto_other_tensors():
