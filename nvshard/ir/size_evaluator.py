@@ -75,9 +75,16 @@ class SizeEvaluator:
         known = self._evaluated.get(id(size))
         if known is not None:
             return known[1]
-        c = Size.of(size).canonical()
-        # coef * prod(symbols) in ints (Fraction arithmetic is pure Python)
-        numerator, denominator = c.coef.numerator, c.coef.denominator
+        of = Size.of(size)
+        c = of.canonical()
+        # coef * prod(symbols) in ints (Fraction arithmetic is pure Python);
+        # key() holds a whole coefficient as an int, read without Fraction's
+        # numerator and denominator (Python-level properties)
+        coef = of.key()[0]
+        if type(coef) is int:
+            numerator, denominator = coef, 1
+        else:
+            numerator, denominator = coef.numerator, coef.denominator
         for s in c.syms:
             numerator *= self.sym_value(s)
         if numerator % denominator:

@@ -394,3 +394,26 @@ def test_size_answerers_share_one_interface():
     for cls in (SizeEvaluator, EvalContext, _StaticSizes):
         assert issubclass(cls, SizeQueries), cls
     assert not issubclass(int, SizeQueries)
+
+
+def test_evaluated_sizes_whole_and_fractional_coefficients():
+    """SizeEvaluator reads a whole coefficient from the Size's key and a
+    fractional one as a Fraction: both give the extent, and a fraction
+    that is not whole for the bound symbols is an error naming the extent."""
+    from fractions import Fraction
+
+    from nvshard.errors import NvShardError
+    from nvshard.ir.size_evaluator import SizeEvaluator
+    from nvshard.ir.sizes import Size
+
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, 16], dtype=DataType.Float)
+        fd.add_output(fd.ops.neg(t0))
+    sizes = SizeEvaluator(fd.fusion, [[12, 16]])
+    n = t0.logical[0].extent()
+    assert sizes.evaluate_size(n) == 12
+    assert sizes.evaluate_size(t0.logical[1].extent()) == 16
+    assert sizes.evaluate_size(Size(3, n.syms)) == 36
+    assert sizes.evaluate_size(Size(Fraction(3, 4), n.syms)) == 9
+    with pytest.raises(NvShardError, match=r"not a whole number \(12/5\)"):
+        sizes.evaluate_size(Size(Fraction(1, 5), n.syms))
