@@ -91,8 +91,10 @@ cpdef tuple _reduction_axes(TensorView tv)
                broadcast=bint)
 cpdef tuple _signature(TensorView tv, sizes, dict extents)
 
-@cython.locals(id_=IterDomain, known=tuple, key=list)
+@cython.locals(id_=IterDomain, key=list)
 cpdef tuple _signature_key(TensorView tv, sizes, dict extents)
+
+cpdef tuple _known_extent(IterDomain id_, sizes, dict extents)
 
 cpdef _axis_size(IterDomain id_)
 

@@ -350,7 +350,8 @@ def _size_value(sizes, size) -> float:
 
 class _RememberingNumel(NumelModel):
     """A NumelModel that computes each tensor's signature once per plan
-    (every reshard plan looks it up), as NumelModel.signature does."""
+    (every reshard plan looks it up), as NumelModel.signature does, and
+    numbers signatures (signature_number) without building them."""
 
     __slots__ = ("_signatures", "_sizes", "_extents", "_numbers", "_number_table")
 
@@ -385,11 +386,7 @@ def _signature(tv, sizes, extents: dict) -> tuple:
     """NumelModel.signature of tv, what it says of each Size kept in `extents`."""
     axes = []
     for id_ in tv.logical:
-        size = _axis_size(id_)
-        # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
-        known = extents.get(id(size))
-        if known is None:
-            known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
+        known = _known_extent(id_, sizes, extents)
         # one (reduction?, broadcast?, extent) tuple per Size and kind of axis, shared by
         # every axis alike: none is made per axis, and equal signatures compare by identity
         reduction = id_.is_reduction()
@@ -408,13 +405,20 @@ def _signature_key(tv, sizes, extents: dict) -> tuple:
     extent and its kind (2 * reduction + broadcast)."""
     key = [tv.dtype().itemsize]
     for id_ in tv.logical:
-        size = _axis_size(id_)
-        known = extents.get(id(size))
-        if known is None:
-            known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
-        key.append(known[1])
+        key.append(_known_extent(id_, sizes, extents)[1])
         key.append(2 * id_.is_reduction() + id_.is_broadcast())
     return tuple(key)
+
+
+def _known_extent(id_, sizes, extents: dict) -> tuple:
+    """extents' entry for the axis's Size: (the Size, its value, its
+    signature parts by kind of axis, made by _signature)."""
+    size = _axis_size(id_)
+    # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
+    known = extents.get(id(size))
+    if known is None:
+        known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
+    return known
 
 
 def reshard_bytes(tv, src: TvState, dst: TvState, numel: NumelModel) -> float:
