@@ -131,7 +131,7 @@ class CostModel:
         """What a cost depends on of a tensor besides its state (its dtype,
         axes and extents; weight; an annotated pending sum): equal
         signatures, equal states and equal structure ask the same question.
-        (Kept only as its number: signature_number.)"""
+        (What signature_number stands for; it numbers it without building it.)"""
         return (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
 
     def signature_number(self, tv: TensorView):
