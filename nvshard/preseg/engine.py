@@ -70,6 +70,7 @@ _ANNOTATION_TEXT, _PASS_THROUGH_TEXT = STAGE_TEXT[_ANNOTATION], STAGE_TEXT[_PASS
 # Sources with nothing to say but what they are: one each (frozen, so sharing them is safe).
 _UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
 _NO_MESH_AXES = frozenset()  # a replicated layout's
+_NOTHING_CLASSIFIED = ([], [], [])  # the classification of a tensor no proposal targets (read only)
 # The order every rank visits tensors in (a sort key that is a C function:
 # a module function would be called through Python's protocol per element)
 _NUMBER = operator.attrgetter("number")
@@ -607,6 +608,9 @@ class Engine:
         proposals or decisions change (_invalidate)."""
         classified = t.classified
         if classified is None:
+            if t.by_expr is None:  # (most tensors, most of the time: nothing to make, nothing to free)
+                classified = t.classified = _NOTHING_CLASSIFIED
+                return classified
             valid = self.valid(t)
             easy, competing = [], []
             for m in valid:
