@@ -22,7 +22,7 @@ cdef class TensorEntry:
     cdef public object mesh, home
     cdef public bint frozen
     cdef public list reduction_flags, adjacent
-    cdef public set used_iteration, used_reduction
+    cdef public frozenset used_iteration, used_reduction
     cdef public tuple classified
     cdef public dict by_expr
     cdef public tuple as_source
@@ -53,12 +53,12 @@ cdef class Engine:
     cdef public PassThroughClasses classes
     cdef public dict depth, canon
 
-    @cython.locals(d=Decision, used=set, flags=list, decided=list, k=Py_ssize_t)
-    cpdef set used(self, TensorEntry t, bint reduction)
+    @cython.locals(d=Decision, used=frozenset, flags=list, decided=list, k=Py_ssize_t)
+    cpdef frozenset used(self, TensorEntry t, bint reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
                    per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t, t=TensorEntry,
-                   entries=dict, cached=tuple, open_to=list, slot_entries=list)
+                   entries=dict, cached=tuple, open_to=tuple, slot_entries=list)
     cpdef list _expr_proposals(self, expr, changed=*)
 
     @cython.locals(c=Opinion, o=Opinion)
@@ -91,7 +91,7 @@ cdef class Engine:
                    origin=TensorEntry, t=TensorEntry)
     cpdef set _spread(self, list frontier)
 
-    @cython.locals(d=Decision, other=Decision, used=set, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
+    @cython.locals(d=Decision, other=Decision, used=frozenset, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
     @cython.locals(m=Choice, stale=set, easy=list, competing=list, stages=set, targets=set)

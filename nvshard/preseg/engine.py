@@ -309,17 +309,19 @@ class Engine:
             return False
         return mesh.axis_sizes().keys() <= self.used(t, False)
 
-    def used(self, t: TensorEntry, reduction: bool) -> set:
+    def used(self, t: TensorEntry, reduction: bool) -> frozenset:
         """Mesh axes the tensor's decided iteration (or reduction) axes use;
-        kept until its decisions change (_record)."""
+        kept until its decisions change (_record). Frozen: none used, or one
+        decided axis, is a set the decisions already hold (a plan makes and
+        frees no set for them)."""
         used = t.used_reduction if reduction else t.used_iteration
         if used is None:
-            used = set()
+            used = _NO_MESH_AXES
             flags, decided = t.reduction_flags, t.decided
             for k in range(len(decided)):
                 d = decided[k]
                 if d is not None and d.digits and flags[k] == reduction:
-                    used |= d.mesh_axes
+                    used = used | d.mesh_axes if used else d.mesh_axes
             if reduction:
                 t.used_reduction = used
             else:
@@ -349,16 +351,16 @@ class Engine:
         # linked axes reach each other through their class (_spread), not here
         linked = self.classes.linked_positions.get(expr, ())
         cached = self._open_to.get(expr)
-        if cached is None:  # axes that may take a proposal (annotations are final); the slots' tensors
-            cached = self._open_to[expr] = ([(i, s) for i, s in enumerate(slots) if s.reduction or s.tv not in frozen],
+        if cached is None:  # positions of axes that may take a proposal (annotations are final); the slots' tensors
+            cached = self._open_to[expr] = (tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen]),
                                             [entries[s.tv] for s in slots])
         open_to, slot_entries = cached
         targets = []
-        for pair in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
-            s = pair[1]
-            t = slot_entries[pair[0]]
+        for i in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
+            s = slots[i]
+            t = slot_entries[i]
             if t.decided[s.axis] is None:
-                targets.append(pair)
+                targets.append(i)
         if not targets:
             return []
         level = self.level
@@ -401,7 +403,8 @@ class Engine:
         per_target = {}
         self._per_target[expr] = (waiting, per_target)
         proposals = []
-        for i, s in targets:
+        for i in targets:
+            s = slots[i]
             is_pending = s.reduction and s.role is _RESULT
             if crossed is not None and not (is_pending and has_sum) and crossed.isdisjoint(s.factors):
                 kept = previous[1].get(i)
