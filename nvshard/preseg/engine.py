@@ -250,12 +250,16 @@ class Engine:
         # conflict heap's keys end with the tensor's number (no ties).
         for tv in stale:
             easy, competing = self.classify(tv)
-            stages = {m.stage for m in easy}
-            for stage, targets in self._easy_targets.items():
-                if stage not in stages:
+            if not easy:  # (most stale tensors: no set of stages to make)
+                for targets in self._easy_targets.values():
                     targets.discard(tv)
-            for stage in stages:
-                self._easy_targets.setdefault(stage, set()).add(tv)
+            else:
+                stages = {m.stage for m in easy}
+                for stage, targets in self._easy_targets.items():
+                    if stage not in stages:
+                        targets.discard(tv)
+                for stage in stages:
+                    self._easy_targets.setdefault(stage, set()).add(tv)
             if competing:
                 if tv not in self._conflicted:
                     self._conflicted.add(tv)
