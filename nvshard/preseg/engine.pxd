@@ -57,7 +57,7 @@ cdef class Engine:
     cpdef frozenset used(self, TensorEntry t, bint reduction)
 
     @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
-                   per_target=dict, targets=list, pair=tuple, slots=list, i=Py_ssize_t, t=TensorEntry,
+                   per_target=dict, targets=list, slots=list, i=Py_ssize_t, t=TensorEntry,
                    entries=dict, cached=tuple, open_to=tuple, slot_entries=list)
     cpdef list _expr_proposals(self, expr, changed=*)
 

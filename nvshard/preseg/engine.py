@@ -315,9 +315,9 @@ class Engine:
 
     def used(self, t: TensorEntry, reduction: bool) -> frozenset:
         """Mesh axes the tensor's decided iteration (or reduction) axes use;
-        kept until its decisions change (_record). Frozen: none used, or one
-        decided axis, is a set the decisions already hold (a plan makes and
-        frees no set for them)."""
+        kept until its decisions change (_record). A frozenset: the shared
+        empty one when no axis is sharded, the decision's own when one is,
+        so most tensors make no set of their own."""
         used = t.used_reduction if reduction else t.used_iteration
         if used is None:
             used = _NO_MESH_AXES
