@@ -131,8 +131,8 @@ cdef class Engine:
     @cython.locals(m=Choice)
     cpdef _apply_easy(self, list items)
 
-    @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry)
-    cpdef _after_change(self, changed)
+    @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry, internal=set)
+    cpdef _after_change(self, set changed)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
                    meshes=dict)

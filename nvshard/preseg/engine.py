@@ -782,16 +782,18 @@ class Engine:
                 choices, reason = self.resolver.weigh_partial_sum(tv, m)
                 self._apply([(tv, c) for c in choices], reason)
 
-    def _after_change(self, changed) -> None:
+    def _after_change(self, changed: set) -> None:
         axes, self._changed_axes = self._changed_axes, {}
         exprs: dict = {}
         entries = self.entries
+        internal = self.classes.internal
         # (every decided tensor is among `changed`; the union keeps that true)
-        for tv in sorted(set(changed).union(axes), key=_NUMBER):
+        for tv in sorted(changed.union(axes), key=_NUMBER):
             t = entries[tv]
             self._invalidate(t)
             for e in t.adjacent:
-                exprs[e] = None
+                if e not in internal:  # (_refresh would skip it: its axes hear of each other through their class)
+                    exprs[e] = None
         self._refresh(list(exprs), axes if self._refresh_by_factor else None)
 
     # -- the end ------------------------------------------------------------------------------------
