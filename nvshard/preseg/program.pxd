@@ -26,9 +26,12 @@ cdef class Program:
     cdef public object fusion, sizes, inputs, outputs, _tv_counter, _id_counter
     cdef public list exprs
     cdef public set input_set
-    cdef public dict state, _rendered, _rules, producer, consumers, _positions
+    cdef public dict state, _rendered, _rules, _positions
+    cdef public tuple _graph_index
 
     cpdef index(self)
+
+    cpdef tuple _indexed(self)
 
     cpdef rule(self, Expr expr)
 

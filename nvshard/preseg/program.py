@@ -82,7 +82,7 @@ def annotated_state(tv: TensorView) -> TvState:
 class Program:
     __slots__ = (
         "fusion", "sizes", "exprs", "inputs", "input_set", "outputs", "state", "_tv_counter", "_id_counter",
-        "_rendered", "_rules", "producer", "consumers", "_positions"
+        "_rendered", "_rules", "_graph_index", "_positions"
     )
 
     def __init__(self, fusion, sizes=None):
@@ -110,13 +110,30 @@ class Program:
         self._rules: dict = {}
         self._positions = None  # expr -> its index in the definition, made when first asked for
         # The fusion's own producers and consumers until a pass changes the
-        # exprs (then index() again): kept with the fusion, read only.
-        self.producer, self.consumers = fusion.kept("program index", _index, self.exprs, state)
+        # exprs (then index()): kept with the fusion, read only.
+        self._graph_index = fusion.kept("program index", _index, self.exprs, state)
 
     # -- graph queries -----------------------------------------------------------
     def index(self) -> None:
-        """Producers and consumers of the program as it is now."""
-        self.producer, self.consumers = _index(self.exprs, self.state)
+        """The exprs changed: producers and consumers are found again when
+        next asked for (after the last pass, usually never: on a 10k-expr
+        program, a walk and a list per tensor the collector would scan)."""
+        self._graph_index = None
+
+    @property
+    def producer(self) -> dict:
+        """The expr that writes each tensor (read only)."""
+        return self._indexed()[0]
+
+    @property
+    def consumers(self) -> dict:
+        """The exprs that read each tensor, once per read, in program order (read only)."""
+        return self._indexed()[1]
+
+    def _indexed(self) -> tuple:
+        if self._graph_index is None:
+            self._graph_index = _index(self.exprs, self.state)
+        return self._graph_index
 
     def tvs(self) -> list[TensorView]:
         return list(self.state)
@@ -141,10 +158,11 @@ class Program:
             for tv in open_tvs:
                 mesh_of[tv] = home.get(tv)
             open_tvs = [tv for tv in open_tvs if mesh_of[tv] is None]
+        producer, consumers = self._indexed()
         while open_tvs:
             updates = {}
             for tv in open_tvs:
-                exprs = self.consumers.get(tv, []) + ([self.producer[tv]] if tv in self.producer else [])
+                exprs = consumers.get(tv, []) + ([producer[tv]] if tv in producer else [])
                 meshes = [mesh_of[t] for e in exprs for t in e.tv_inputs + e.tv_outputs if mesh_of[t] is not None]
                 if meshes:
                     updates[tv] = min(set(meshes), key=lambda m: (-meshes.count(m), m.shape, m.vector))
