@@ -14,6 +14,10 @@ from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_te
 from nvshard.preseg.proposals cimport Choice, Proposal, compete
 
 
+cdef class ByCost:
+    cdef public object template, first, second
+
+
 cdef class Scored:
     cdef public list choices
     cdef public Cost cost

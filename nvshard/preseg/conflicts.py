@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Optional
 
 try:
     import cython
@@ -118,7 +119,7 @@ class ConflictResolver:
                 best = i
         if best == 0:
             return options[0], ""
-        reason = ByCost("fewer bytes ({} vs {})", (costs[best], costs[0]))
+        reason = ByCost("fewer bytes ({} vs {})", costs[best], costs[0])
         order = [best] + [i for i in range(len(options)) if i != best]
         self.engine.log.conflict(tv, [(options[i], costs[i]) for i in order], options[best], reason)
         return options[best], reason
@@ -407,19 +408,26 @@ def _facts(m: Choice, cost) -> tuple:
     return (m.axis, cost.layout_number(m.digits), m.mesh, m.reduction)
 
 
+@cython.no_gc
+@cython.cclass
 class ByCost:
-    """A reason that quotes costs, formatted when read (str()): big fusions
-    resolve thousands of conflicts and their log is usually never printed.
-    The costs quoted are never changed."""
+    """A reason that quotes one or two costs, formatted when read (str()):
+    big fusions resolve thousands of conflicts and their log is usually
+    never printed. The costs quoted are never changed. (Two fields, not a
+    tuple, and out of the collector's way: the plan's log keeps one per
+    conflict.)"""
 
-    __slots__ = ("template", "costs")
+    __slots__ = ("template", "first", "second")
 
-    def __init__(self, template: str, costs: tuple):
+    def __init__(self, template: str, first: Cost, second: Optional[Cost] = None):
         self.template = template
-        self.costs = costs
+        self.first = first
+        self.second = second
 
     def __str__(self) -> str:
-        return self.template.format(*[c.describe() for c in self.costs])
+        if self.second is None:
+            return self.template.format(self.first.describe())
+        return self.template.format(self.first.describe(), self.second.describe())
 
 
 def _why(best: Scored, best_key: tuple, runner_up: Scored, runner_up_key: tuple, symbolic: bool):
@@ -432,8 +440,8 @@ def _why(best: Scored, best_key: tuple, runner_up: Scored, runner_up_key: tuple,
     if bc != rc:
         if symbolic and bc[0] != rc[0]:
             return "heuristic: weights stay stationary (symbolic sizes)"
-        return ByCost("fewer bytes ({} vs {})", (best.cost, runner_up.cost))
+        return ByCost("fewer bytes ({} vs {})", best.cost, runner_up.cost)
     if bf != rf:
-        return ByCost("tie on bytes ({}): keep the producer's sharding", (best.cost,))
+        return ByCost("tie on bytes ({}): keep the producer's sharding", best.cost)
     return "tie: outer axes first"
 

@@ -19,6 +19,14 @@ cdef class DecisionLog:
     cpdef record(self, Decision decision)
 
 
+cdef class LoggedCandidate:
+    cdef public object won, choices, cost
+
+
+@cython.locals(c=LoggedCandidate)
+cpdef LoggedCandidate new_logged_candidate(won, choices, cost)
+
+
 cdef class LoggedConflict:
     cdef public object tv, candidates, why, scored
 

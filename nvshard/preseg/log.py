@@ -45,9 +45,13 @@ class DecisionLog:
     def conflict(self, tv, scored: list, winner: list, reason) -> None:
         # The candidates' choices may still be merged (and change) after this:
         # keep what the text needs as plain values, formatted when read.
-        candidates = tuple([(cand is winner, tuple(sorted([(m.axis, m.digits, m.priority) for m in cand])), cost)
-                            for cand, cost in scored])
-        self.entries.append(LoggedConflict(tv, len(scored), reason, candidates))
+        candidates = []
+        for cand, cost in scored:
+            flat = []
+            for fact in sorted([(m.axis, m.digits, m.priority) for m in cand]):
+                flat += fact
+            candidates.append(new_logged_candidate(cand is winner, tuple(flat), cost))
+        self.entries.append(LoggedConflict(tv, len(scored), reason, tuple(candidates)))
 
     def explain(self, tv) -> list[str]:
         return [entry.text() for entry in self.entries if entry.tv is tv]
@@ -111,6 +115,30 @@ def new_decision(tv, axis, digits, source, priority, stage, why, mesh_axes, key)
 
 @cython.no_gc
 @cython.cclass
+class LoggedCandidate:
+    """One candidate of a logged conflict as plain values: whether it won,
+    its choices as one flat tuple (axis, layout, priority, axis, ...; in
+    that order), its cost. One tuple per candidate, not one per choice,
+    and out of the collector's way: a 10k-expr plan logs thousands, and
+    the collector scans every tuple and list a plan leaves once."""
+
+    __slots__ = ("won", "choices", "cost")
+
+    def facts(self) -> list:
+        """[(axis, layout, priority)] of its choices."""
+        flat = self.choices
+        return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
+
+def new_logged_candidate(won: bool, choices: tuple, cost) -> LoggedCandidate:
+    """LoggedCandidate(...), its fields filled directly (see new_decision)."""
+    c = LoggedCandidate.__new__(LoggedCandidate)
+    c.won, c.choices, c.cost = won, choices, cost
+    return c
+
+
+@cython.no_gc
+@cython.cclass
 @dataclass(eq=False)
 class LoggedConflict:
     """A conflict resolved at one tensor: how many candidates, why the winner won."""
@@ -118,7 +146,7 @@ class LoggedConflict:
     tv: Any
     candidates: int
     why: Any  # why the winner won; str() says it
-    scored: tuple  # (won, ((axis, layout, priority), ...), Cost) per candidate, best first
+    scored: tuple  # LoggedCandidate per candidate, best first
 
     @property
     def reason(self) -> str:
@@ -128,12 +156,13 @@ class LoggedConflict:
         """Every candidate with its cost, as the log prints it."""
         tv = self.tv
         lines = [f"conflict at {tv.short_name()} ({self.candidates} candidates):"]
-        for i, (won, choices, cost) in enumerate(self.scored):
+        for i, candidate in enumerate(self.scored):
             parts = ", ".join(
                 f"{'pending' if tv.logical[axis].is_reduction() else 'axis'} {axis}: "
                 f"{layout.describe(digits) if digits else 'replicated'} (p{priority})"
-                for axis, digits, priority in choices)
-            lines.append(f"  {'->' if won else '  '} candidate {chr(65 + i)} {{{parts}}} costs {cost.describe()}")
+                for axis, digits, priority in candidate.facts())
+            lines.append(f"  {'->' if candidate.won else '  '} candidate {chr(65 + i)} {{{parts}}} costs "
+                         f"{candidate.cost.describe()}")
         lines.append(f"  winner: candidate A because {self.reason}")
         return "\n".join(lines)
 
