@@ -19,7 +19,7 @@ from nvshard.preseg.program cimport TvState, new_state
 
 @cython.locals(k=Py_ssize_t)
 cpdef bint same_state(TvState a, TvState b) except -1
-@cython.locals(id_=IterDomain, layouts=list, k=Py_ssize_t)
+@cython.locals(id_=IterDomain, layouts=list, k=Py_ssize_t, pending=bint)
 cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
 cpdef bint annotated_sum(tv) except -1

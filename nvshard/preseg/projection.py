@@ -196,8 +196,20 @@ def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
 
 
 def resolved(tv, state: TvState) -> TvState:
-    """The state a result has once its partial sums are resolved."""
+    """The state a result has once its partial sums are resolved: `state`
+    itself when it has none (most tensors; callers never change a state)."""
     logical, given = tv.logical, state.layouts
+    if len(logical) == len(given):
+        pending = False
+        for k in range(len(logical)):
+            id_ = logical[k]
+            if id_.is_reduction():
+                digits = given[k]
+                if digits is None or digits:
+                    pending = True
+                    break
+        if not pending:
+            return state
     layouts = []
     for k in range(min(len(logical), len(given))):  # (an index loop: compiled, it runs in C, where zip() builds tuples)
         id_ = logical[k]
