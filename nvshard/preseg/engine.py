@@ -355,9 +355,10 @@ class Engine:
         # linked axes reach each other through their class (_spread), not here
         linked = self.classes.linked_positions.get(expr, ())
         cached = self._open_to.get(expr)
-        if cached is None:  # positions of axes that may take a proposal (annotations are final); the slots' tensors
-            cached = self._open_to[expr] = (tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen]),
-                                            [entries[s.tv] for s in slots])
+        if cached is None:
+            # positions of axes that may take a proposal (annotations are final); the slots' tensors
+            open_to = tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen])
+            cached = self._open_to[expr] = (open_to, [entries[s.tv] for s in slots])
         open_to, slot_entries = cached
         targets = []
         for i in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)

@@ -197,7 +197,8 @@ def unproject(pairs: list, n_axes: int, factor_layouts: dict, rule) -> list:
 
 def resolved(tv, state: TvState) -> TvState:
     """The state a result has once its partial sums are resolved: `state`
-    itself when it has none (most tensors; callers never change a state)."""
+    itself, not a copy, when it has none (most tensors; callers only read
+    what it returns)."""
     logical, given = tv.logical, state.layouts
     if len(logical) == len(given):
         pending = False
