@@ -86,6 +86,10 @@ class LegacyPropagation:
         return len(self._claimed(tv))
 
     def run(self) -> None:
+        # This pass changes states in place: each tensor gets its own first
+        # (the program shares one replicated state among unplaced tensors).
+        for tv, state in self.p.state.items():
+            self.p.state[tv] = TvState(state.mesh, list(state.layouts))
         for expr in self.p.exprs:
             if not expr.tv_outputs:
                 continue

@@ -94,10 +94,19 @@ class Program:
         self.outputs = fusion.outputs()
         self.state: dict[TensorView, TvState] = {}
         state = self.state
+        # Unplaced tensors of one rank share one replicated state (read only:
+        # passes give a tensor a new state, never change one in place; the
+        # legacy pass, which does, copies them first). Propagation replaces
+        # nearly all of them: per tensor, no state to make now and free cold later.
+        replicated: dict = {}
         for tv in fusion.tvs():
             mesh = tv.mesh
             if mesh is None:
-                state[tv] = TvState(None, [()] * len(tv.logical))
+                n = len(tv.logical)
+                shared = replicated.get(n)
+                if shared is None:
+                    shared = replicated[n] = TvState(None, [()] * n)
+                state[tv] = shared
                 continue
             layouts = tv.layouts()
             if sizes is not None:
