@@ -112,5 +112,3 @@ class LegacyPropagation:
         self.p.fill_meshes(mesh_of, self.user | self.p.input_set)
         for tv, mesh in mesh_of.items():
             self.p.state[tv].mesh = mesh
-        for tv, state in self.p.state.items():
-            self.p.state[tv] = TvState(state.mesh, list(state.layouts))
