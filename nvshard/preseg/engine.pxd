@@ -26,6 +26,7 @@ cdef class TensorEntry:
     cdef public tuple classified
     cdef public dict by_expr
     cdef public tuple as_source
+    cdef public set changed_axes
 
 
 @cython.locals(t=TensorEntry)
@@ -45,7 +46,8 @@ cdef class Engine:
     cdef public list _conflict_heap
     cdef public object _heap_counter
     cdef public dict adjacent, _reduction_axes, _layouts_seen, _open_to
-    cdef public dict _per_target, _changed_axes
+    cdef public dict _per_target
+    cdef public list _changed
     cdef public set _held_back
     cdef public object _refresh_by_factor
     cdef public dict home
@@ -59,7 +61,7 @@ cdef class Engine:
     @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
                    per_target=dict, targets=list, slots=list, i=Py_ssize_t, t=TensorEntry,
                    entries=dict, cached=tuple, open_to=tuple, slot_entries=list)
-    cpdef list _expr_proposals(self, expr, changed=*)
+    cpdef list _expr_proposals(self, expr, bint by_factor=*)
 
     @cython.locals(c=Opinion, o=Opinion)
     cpdef _target_proposals(self, i, AxisFactors s, expr, rule, kinds, dict opinions, linked, waiting, is_pending,
@@ -120,7 +122,7 @@ cdef class Engine:
 
     @cython.locals(p=Proposal, entries=dict, touched=set, old=list, new=list, per_expr=dict, props=list,
                    t=TensorEntry, internal=set)
-    cpdef _refresh(self, exprs, changed=*)
+    cpdef _refresh(self, exprs, bint by_factor=*)
 
     cpdef _invalidate(self, TensorEntry t)
 
@@ -131,7 +133,7 @@ cdef class Engine:
     @cython.locals(m=Choice)
     cpdef _apply_easy(self, list items)
 
-    @cython.locals(axes=dict, exprs=dict, entries=dict, t=TensorEntry, internal=set)
+    @cython.locals(decided=list, exprs=dict, entries=dict, t=TensorEntry, internal=set)
     cpdef _after_change(self, set changed)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,

@@ -83,7 +83,7 @@ class TensorEntry:
     inner loops look a tensor up once, not once per thing they read of it."""
 
     __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
-                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source")
+                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes")
 
     tv: object
     number: int  # the tensor's number (the order every rank visits tensors in)
@@ -101,6 +101,7 @@ class TensorEntry:
     # (tv,), once a spread carries its layouts: the decisions it reaches name it as their source
     # tensors, and share this one tuple (the plan's log keeps them all)
     as_source: object
+    changed_axes: object  # the axes decided since the adjacent exprs' last refresh (a set), or None
 
 
 def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
@@ -110,7 +111,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
     t = TensorEntry.__new__(TensorEntry)
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
     t.reduction_flags, t.adjacent = reduction_flags, adjacent
-    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = None
+    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.changed_axes = None
     return t
 
 
@@ -119,7 +120,7 @@ class Engine:
         "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries",
         "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
         "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
-        "_changed_axes", "_held_back", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
+        "_changed", "_held_back", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
     )
 
     def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True,
@@ -148,7 +149,7 @@ class Engine:
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self._open_to: dict = {}  # expr -> (its axes that are not annotated, each of its slots' TensorEntry)
         self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
-        self._changed_axes: dict = {}  # tv -> axes decided since the last refresh
+        self._changed: list = []  # TensorEntry with changed_axes set
         # exprs whose current proposals `releasing` holds back (a contraction
         # waiting for an open operand, a pending sum blocked by one)
         self._held_back: set = set()
@@ -332,10 +333,11 @@ class Engine:
                 t.used_iteration = used
         return used
 
-    def _expr_proposals(self, expr, changed=None) -> list:
-        """expr's proposals, in target order. With `changed` (tv -> axes
-        decided since expr's last refresh), a target whose factors none of
-        the changed axes carry keeps its previous proposals: they read only
+    def _expr_proposals(self, expr, by_factor: bool = False) -> list:
+        """expr's proposals, in target order. With `by_factor` (its tensors'
+        changed_axes say what was decided since expr's last refresh), a
+        target whose factors none of the changed axes carry keeps its
+        previous proposals: they read only
         the layouts on its own factors. Pending sums read their operands'
         state as a whole and are always re-derived, as is everything when
         the contraction's waiting flips."""
@@ -345,21 +347,22 @@ class Engine:
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
         previous = self._per_target.pop(expr, None)
-        crossed = None  # factors the changed axes carry (None: re-derive every target)
-        if changed is not None and previous is not None:
-            crossed = set()
-            for s in slots:
-                axes = changed.get(s.tv)
-                if axes is not None and s.axis in axes:
-                    crossed.update(s.factors)
-        # linked axes reach each other through their class (_spread), not here
-        linked = self.classes.linked_positions.get(expr, ())
         cached = self._open_to.get(expr)
         if cached is None:
             # positions of axes that may take a proposal (annotations are final); the slots' tensors
             open_to = tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen])
             cached = self._open_to[expr] = (open_to, [entries[s.tv] for s in slots])
         open_to, slot_entries = cached
+        crossed = None  # factors the changed axes carry (None: re-derive every target)
+        if by_factor and previous is not None:
+            crossed = set()
+            for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
+                s = slots[i]
+                axes = slot_entries[i].changed_axes
+                if axes is not None and s.axis in axes:
+                    crossed.update(s.factors)
+        # linked axes reach each other through their class (_spread), not here
+        linked = self.classes.linked_positions.get(expr, ())
         targets = []
         for i in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
             s = slots[i]
@@ -529,8 +532,8 @@ class Engine:
                     break
         return options
 
-    def _refresh(self, exprs, changed=None) -> None:
-        """Re-derives the exprs' proposals (changed: see _expr_proposals)."""
+    def _refresh(self, exprs, by_factor: bool = False) -> None:
+        """Re-derives the exprs' proposals (by_factor: see _expr_proposals)."""
         touched = set()  # TensorEntry (invalidating is order-free)
         entries = self.entries
         internal = self.classes.internal
@@ -544,7 +547,7 @@ class Engine:
                     touched.add(t)
                     if t.by_expr is not None:
                         t.by_expr.pop(e, None)
-            new = self._expr_proposals(e, changed)
+            new = self._expr_proposals(e, by_factor)
             self.proposals[e] = new
             for p in new:
                 t = entries[p.tv]
@@ -659,9 +662,10 @@ class Engine:
         if t.mesh is None and mesh is not None:
             t.mesh = mesh
         t.decided[axis] = decision
-        axes = self._changed_axes.get(tv)
+        axes = t.changed_axes
         if axes is None:
-            self._changed_axes[tv] = {axis}
+            t.changed_axes = {axis}
+            self._changed.append(t)
         else:
             axes.add(axis)
         if t.reduction_flags[axis]:
@@ -784,18 +788,22 @@ class Engine:
                 self._apply([(tv, c) for c in choices], reason)
 
     def _after_change(self, changed: set) -> None:
-        axes, self._changed_axes = self._changed_axes, {}
+        decided, self._changed = self._changed, []
         exprs: dict = {}
         entries = self.entries
         internal = self.classes.internal
-        # (every decided tensor is among `changed`; the union keeps that true)
-        for tv in sorted(changed.union(axes), key=_NUMBER):
+        # (every decided tensor is among `changed`; adding them keeps that true)
+        for t in decided:
+            changed.add(t.tv)
+        for tv in sorted(changed, key=_NUMBER):
             t = entries[tv]
             self._invalidate(t)
             for e in t.adjacent:
                 if e not in internal:  # (_refresh would skip it: its axes hear of each other through their class)
                     exprs[e] = None
-        self._refresh(list(exprs), axes if self._refresh_by_factor else None)
+        self._refresh(list(exprs), self._refresh_by_factor)
+        for t in decided:
+            t.changed_axes = None
 
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
