@@ -337,10 +337,9 @@ class Engine:
         """expr's proposals, in target order. With `by_factor` (its tensors'
         changed_axes say what was decided since expr's last refresh), a
         target whose factors none of the changed axes carry keeps its
-        previous proposals: they read only
-        the layouts on its own factors. Pending sums read their operands'
-        state as a whole and are always re-derived, as is everything when
-        the contraction's waiting flips."""
+        previous proposals: they read only the layouts on its own factors.
+        Pending sums read their operands' state as a whole and are always
+        re-derived, as is everything when the contraction's waiting flips."""
         entries = self.entries
         frozen = self.frozen
         self._held_back.discard(expr)  # (until this derivation says otherwise)
