@@ -194,7 +194,10 @@ class ConflictResolver:
                     parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))
                 else:
                     parts.append(None)
-            shared = {t: self._sharing(e, t) for t in e.tv_inputs if t is not tv}
+            shared = {}
+            for t in e.tv_inputs:
+                if t is not tv and t not in shared:  # (an operand read twice is shared the same way)
+                    shared[t] = self._sharing(e, t)
             sharing.append(shared)
             parts.append(tuple([(place[t], frozenset(made), sharers) for t, (made, sharers) in shared.items()]))
         return tuple(parts), tensors, sharing
@@ -269,7 +272,7 @@ class ConflictResolver:
         engine = self.engine
         made, sharers = set(), 1
         position = expr.tv_inputs.index(operand)
-        shape = rule_text(engine.p.rule(expr))
+        shape = None  # expr's rule as text (read only when another consumer reads the operand in its place)
         for other in engine.p.consumers.get(operand, []):
             if other is expr or not other.tv_outputs:
                 continue
@@ -284,8 +287,11 @@ class ConflictResolver:
                 results = [new_state(entry.mesh, [d.digits for d in entry.decided]) for entry in outs]
                 compute = plan_compute(other, results, rule)
                 made.add(compute.operands[other.tv_inputs.index(operand)].key())
-            elif other.tv_inputs.index(operand) == position and rule_text(engine.p.rule(other)) == shape:
-                sharers += 1
+            elif other.tv_inputs.index(operand) == position:
+                if shape is None:
+                    shape = rule_text(engine.p.rule(expr))
+                if rule_text(engine.p.rule(other)) == shape:
+                    sharers += 1
         return made, sharers
 
     def _options(self, out, k, expr, tv, chosen, states) -> list:
