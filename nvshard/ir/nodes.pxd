@@ -1,3 +1,5 @@
+import cython
+
 # Every pass asks axes whether they are reductions or broadcasts: as an
 # extension type those are C methods reading a struct field.
 cdef class IterDomain:
@@ -24,6 +26,8 @@ cdef class TensorView(Val):
     cdef public object number, _dtype, logical, loop, _non_reduction, mesh, sharding_priority, allocation
     cdef public object contiguity, stride_order, is_cpu, memory_type, printed_memory
 
+    cpdef list non_reduction_axes(self)
+
 
 cdef class Expr:
     cdef public object op, inputs, outputs, attrs, _rule, _sized_rules
@@ -31,3 +35,10 @@ cdef class Expr:
     cdef public object broadcast_axes, origin
 
     cpdef rule(self, sizes=*)
+
+
+@cython.locals(i=Py_ssize_t, tv=TensorView)
+cpdef _drop_broadcast_factors(list tvs, list per_tv)
+
+@cython.locals(k=Py_ssize_t, id_=IterDomain)
+cpdef bint _names_a_broadcast(ids, axes) except -1

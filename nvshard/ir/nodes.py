@@ -546,19 +546,29 @@ class Expr:
 def _without_broadcast_factors(expr: "Expr", rule):
     """nvFuser never shards a broadcast axis, expanded or not: such an axis
     names no factor, whatever the op's rule says (one guard for every op)."""
-    for tvs, per_tv in ((expr.tv_inputs, rule.operands), (expr.tv_outputs, rule.results)):
-        for i, (tv, axes) in enumerate(zip(tvs, per_tv)):
-            ids = tv.logical if len(axes) == len(tv.logical) else [tv.logical[j] for j in tv.non_reduction_axes()]
-            if _names_a_broadcast(ids, axes):
-                # a new list: rules may share one list between an operand and a result
-                per_tv[i] = [() if id_.is_broadcast() else f for id_, f in zip(ids, axes)]
+    _drop_broadcast_factors(expr.tv_inputs, rule.operands)
+    _drop_broadcast_factors(expr.tv_outputs, rule.results)
     return rule
+
+
+def _drop_broadcast_factors(tvs: list, per_tv: list) -> None:
+    """_without_broadcast_factors for one side of the rule (per_tv: the
+    factors of each of the tensors' axes it lists)."""
+    for i in range(min(len(tvs), len(per_tv))):  # (an index loop: compiled, no tuple per tensor)
+        tv = tvs[i]
+        axes = per_tv[i]
+        logical = tv.logical
+        ids = logical if len(axes) == len(logical) else [logical[j] for j in tv.non_reduction_axes()]
+        if _names_a_broadcast(ids, axes):
+            # a new list: rules may share one list between an operand and a result
+            per_tv[i] = [() if id_.is_broadcast() else f for id_, f in zip(ids, axes)]
 
 
 def _names_a_broadcast(ids, axes) -> bool:
     """Whether a rule names a factor on one of these axes that is a broadcast."""
-    for id_, f in zip(ids, axes):
-        if f and id_.is_broadcast():
+    for k in range(min(len(ids), len(axes))):  # (an index loop: compiled, the axis typed)
+        id_ = ids[k]
+        if axes[k] and id_.is_broadcast():
             return True
     return False
 

@@ -24,6 +24,11 @@ cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
 cpdef bint annotated_sum(tv) except -1
 
+@cython.locals(a=AxisFactors)
+cpdef AxisFactors new_axis_factors(TensorView tv, role, Py_ssize_t position, Py_ssize_t axis, tuple factors,
+                                   tuple extents, bint reduction, str names)
+
+@cython.locals(per_operand=list, tvs=list, operands=list, j=Py_ssize_t, tv=TensorView)
 cpdef list operand_axes(expr, Py_ssize_t i, rule)
 
 cpdef list replicated_factors(rule)

@@ -64,14 +64,29 @@ class AxisFactors:
         self.compound = len(factors) > 1
 
 
+def new_axis_factors(tv, role, position: int, axis: int, factors: tuple, extents: tuple, reduction: bool,
+                     names: str) -> AxisFactors:
+    """AxisFactors(...), its fields filled directly (compiled, calling the
+    class parses its arguments through Python's protocol; a new fusion makes
+    one per axis of every expr)."""
+    a = AxisFactors.__new__(AxisFactors)
+    a.tv, a.role, a.position, a.axis, a.factors, a.extents = tv, role, position, axis, factors, extents
+    a.reduction, a.names, a.compound = reduction, names, len(factors) > 1
+    return a
+
+
 def operand_axes(expr, i: int, rule) -> list:
     """[(logical axis, factors)] of TensorView operand i: the rule lists its
     non-reduction axes. Cached with the rule: callers must not change it."""
     # (one list per side, keyed by a str: a str caches its hash, a (name, i) key is built and hashed per call)
     per_operand = rule.cache.get("operand_axes")
     if per_operand is None:
-        per_operand = rule.cache["operand_axes"] = [
-            list(zip(tv.non_reduction_axes(), axes)) for tv, axes in zip(expr.tv_inputs, rule.operands)]
+        per_operand = []
+        tvs, operands = expr.tv_inputs, rule.operands
+        for j in range(min(len(tvs), len(operands))):  # (an index loop: compiled, the tensor typed)
+            tv = tvs[j]
+            per_operand.append(list(zip(tv.non_reduction_axes(), operands[j])))
+        rule.cache["operand_axes"] = per_operand
     return per_operand[i]
 
 
@@ -134,11 +149,12 @@ def _append_axes(out: list, tv, role, position: int, pairs: list, extents: list,
             continue
         if len(factors) == 1:
             f = factors[0]
-            out.append(AxisFactors(tv, role, position, k, tuple(factors), extents[f],
-                                   logical[k].is_reduction(), names[f]))
+            out.append(new_axis_factors(tv, role, position, k, tuple(factors), extents[f],
+                                        logical[k].is_reduction(), names[f]))
         else:
-            out.append(AxisFactors(tv, role, position, k, tuple(factors), tuple([extents[f][0] for f in factors]),
-                                   logical[k].is_reduction(), " ".join([names[f] for f in factors])))
+            out.append(new_axis_factors(tv, role, position, k, tuple(factors),
+                                        tuple([extents[f][0] for f in factors]), logical[k].is_reduction(),
+                                        " ".join([names[f] for f in factors])))
 
 
 def _any_in(factors, found: dict) -> bool:
