@@ -72,7 +72,8 @@ def norm_axis(axis: int, rank: int, op: str, tv: Optional[TensorView] = None, wh
 
 def logical_shape(tv: TensorView) -> list:
     """Non-reduction logical ids: the axes a tensor actually has."""
-    return [tv.logical[i] for i in tv.non_reduction_axes()]
+    logical = tv.logical
+    return [logical[i] for i in tv.non_reduction_axes()]
 
 
 def new_like_ids(fusion, ids) -> list:
@@ -132,7 +133,10 @@ def pointwise_rule(expr) -> ShardingRule:
     out_ids = logical_shape(out)
     rank = len(out_ids)
     letters = "abcdefghijklmnopqrstuvw"
-    factor_of = [rule.add_factor(letters[j % len(letters)], id_.extent()) for j, id_ in enumerate(out_ids)]
+    factor_of = []
+    for j in range(rank):  # (an index loop: compiled, the axis typed)
+        id_ = out_ids[j]
+        factor_of.append(rule.add_factor(letters[j % len(letters)], id_.extent()))
     for t in expr.tv_inputs:
         ids = logical_shape(t)
         rule.operands.append([(factor_of[k + rank - len(ids)],) for k in range(len(ids))])

@@ -32,11 +32,18 @@ class FactorKind(enum.Enum):
     REPLICATED = "replicated"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Factor:
     name: str
     extent: Size
     kind: FactorKind
+
+    def __init__(self, name: str, extent: Size, kind: FactorKind):
+        # (written out: compiled, the generated __init__ would still run as
+        # interpreted Python, and every rule of a new fusion makes a few)
+        self.name = name
+        self.extent = extent
+        self.kind = kind
 
 
 @dataclass(slots=True, init=False)
