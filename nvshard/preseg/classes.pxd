@@ -53,4 +53,7 @@ cpdef bint _one_stage(list members, list slots, dict home, stage) except -1
 @cython.locals(a=AxisFactors)
 cpdef bint _one_tensor(tuple axes) except -1
 
+@cython.locals(groups=list, by_factor=dict, factors=list, i=Py_ssize_t, s=AxisFactors)
 cpdef list _pass_groups(rule, list slots)
+
+cpdef bint _contracts(rule) except -1

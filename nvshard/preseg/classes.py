@@ -271,8 +271,10 @@ def _pass_groups(rule, slots) -> list:
     if groups is None:
         by_factor: dict = {}
         if not _contracts(rule):
-            for i, s in enumerate(slots):
-                if not s.compound and not s.reduction and rule.factors[s.factors[0]].kind is _PASS:
+            factors = rule.factors
+            for i in range(len(slots)):  # (an index loop: compiled, the slot typed)
+                s = slots[i]
+                if not s.compound and not s.reduction and factors[s.factors[0]].kind is _PASS:
                     by_factor.setdefault(s.factors[0], []).append(i)
         groups = rule.cache["pass_groups"] = [g for g in by_factor.values() if len(g) > 1]
     return groups

@@ -28,15 +28,17 @@ cpdef bint annotated_sum(tv) except -1
 cpdef AxisFactors new_axis_factors(TensorView tv, role, Py_ssize_t position, Py_ssize_t axis, tuple factors,
                                    tuple extents, bint reduction, str names)
 
-@cython.locals(per_operand=list, tvs=list, operands=list, j=Py_ssize_t, tv=TensorView)
+@cython.locals(per_operand=list, tvs=list, operands=list, j=Py_ssize_t, tv=TensorView, kept=list, k=Py_ssize_t)
 cpdef list operand_axes(expr, Py_ssize_t i, rule)
 
 cpdef list replicated_factors(rule)
 
 cpdef list axis_factors(expr, rule)
 
+@cython.locals(id_=IterDomain)
 cpdef _append_axes(list out, TensorView tv, role, position, list pairs, list extents, list names)
 
+@cython.locals(per_result=list, k=Py_ssize_t)
 cpdef list result_axes(expr, Py_ssize_t i, rule)
 
 cpdef split_axis(digits, factors, rule, dict mesh_sizes)

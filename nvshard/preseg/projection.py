@@ -83,9 +83,10 @@ def operand_axes(expr, i: int, rule) -> list:
     if per_operand is None:
         per_operand = []
         tvs, operands = expr.tv_inputs, rule.operands
-        for j in range(min(len(tvs), len(operands))):  # (an index loop: compiled, the tensor typed)
+        for j in range(min(len(tvs), len(operands))):  # (index loops: compiled, the tensor typed, no zip)
             tv = tvs[j]
-            per_operand.append(list(zip(tv.non_reduction_axes(), operands[j])))
+            kept, axes = tv.non_reduction_axes(), operands[j]
+            per_operand.append([(kept[k], axes[k]) for k in range(min(len(kept), len(axes)))])
         rule.cache["operand_axes"] = per_operand
     return per_operand[i]
 
@@ -95,7 +96,10 @@ def result_axes(expr, i: int, rule) -> list:
     axis. Cached with the rule: callers must not change it."""
     per_result = rule.cache.get("result_axes")
     if per_result is None:
-        per_result = rule.cache["result_axes"] = [list(enumerate(axes)) for axes in rule.results]
+        per_result = []
+        for axes in rule.results:  # (index loops: compiled, no enumerate)
+            per_result.append([(k, axes[k]) for k in range(len(axes))])
+        rule.cache["result_axes"] = per_result
     return per_result[i]
 
 
@@ -147,13 +151,14 @@ def _append_axes(out: list, tv, role, position: int, pairs: list, extents: list,
     for k, factors in pairs:
         if not factors:
             continue
+        id_ = logical[k]
         if len(factors) == 1:
             f = factors[0]
             out.append(new_axis_factors(tv, role, position, k, tuple(factors), extents[f],
-                                        logical[k].is_reduction(), names[f]))
+                                        id_.is_reduction(), names[f]))
         else:
             out.append(new_axis_factors(tv, role, position, k, tuple(factors),
-                                        tuple([extents[f][0] for f in factors]), logical[k].is_reduction(),
+                                        tuple([extents[f][0] for f in factors]), id_.is_reduction(),
                                         " ".join([names[f] for f in factors])))
 
 
