@@ -2,8 +2,8 @@
 
 import cython
 
-from nvshard.ir.nodes cimport IterDomain
+from nvshard.ir.nodes cimport IterDomain, TensorView
 
 
-@cython.locals(id_=IterDomain, used=dict, pending=bint)
+@cython.locals(tv=TensorView, id_=IterDomain, used=dict, pending=bint, pos=Py_ssize_t)
 cpdef validate_annotations(fusion)

@@ -9,11 +9,15 @@ from ..ops.registry import FactorKind
 
 def validate_annotations(fusion) -> None:
     for tv in fusion.tvs():
-        used = {}
+        used = None  # (mesh axis, reduction?) -> loop axis; made at the first parallelized axis (most have none)
         pending = False  # a parallelized reduction axis: checked below
-        for pos, id_ in enumerate(tv.loop):
+        loop = tv.loop
+        for pos in range(len(loop)):  # (an index loop: compiled, no tuple per axis)
+            id_ = loop[pos]
             if not id_.is_device_dim():
                 continue
+            if used is None:
+                used = {}
             if tv.mesh is None:
                 raise NvShardError(
                     f"{tv.short_name()}: loop axis {pos} is parallelized on {id_.parallel_type} "
