@@ -38,7 +38,7 @@ _OPERAND, _RESULT = Role.OPERAND, Role.RESULT
 @dataclass(eq=False, init=False)
 class AxisFactors:
     """One axis of one tensor of an expr and the rule factors it is made of
-    (outer first). Never changed once made."""
+    (outer first). Made by new_axis_factors; never changed once made."""
 
     tv: object  # TensorView
     role: Role
@@ -49,19 +49,6 @@ class AxisFactors:
     reduction: bool  # a result's reduction axis: a layout there is a pending sum
     names: str  # factor names, for the log
     compound: bool  # made of several factors (a reshape splits or merges it)
-
-    def __init__(self, tv, role, position, axis, factors, extents, reduction, names):
-        # (written out: a new fusion makes one per axis of every expr, and the
-        # generated __init__ with a __post_init__ costs several times as much)
-        self.tv = tv
-        self.role = role
-        self.position = position
-        self.axis = axis
-        self.factors = factors
-        self.extents = extents
-        self.reduction = reduction
-        self.names = names
-        self.compound = len(factors) > 1
 
 
 def new_axis_factors(tv, role, position: int, axis: int, factors: tuple, extents: tuple, reduction: bool,
