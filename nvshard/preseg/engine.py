@@ -791,7 +791,7 @@ class Engine:
         exprs: dict = {}
         entries = self.entries
         internal = self.classes.internal
-        # (every decided tensor is among `changed`; adding them keeps that true)
+        # (_apply and _spread report every tensor they decide; adding the recorded ones guards that)
         for t in decided:
             changed.add(t.tv)
         for tv in sorted(changed, key=_NUMBER):
