@@ -10,6 +10,8 @@ on fusions from ~50 to ~10,000 exprs, with concrete input shapes.
     .venv/bin/python tools/bench_propagation.py --instructions 1000 [--families "MLP SP"]
                                                 # instructions per plan (valgrind's callgrind): the
                                                 # triangle update and each family at ~1000 exprs
+    .venv/bin/python tools/bench_propagation.py --cache 1000,10000 [--families "MLP SP"]
+                                                # per plan: instructions, data refs, L1 misses (cachegrind)
 
 Programs: the AlphaFold3 triangle update (one block, upstream's annotation),
 and generated stacks: N transformer layers (upstream's forward layer, each
@@ -45,6 +47,13 @@ values of k; the difference divided by the difference in k is one plan,
 with imports and set-up cancelled. PYTHONHASHSEED=0 fixes string
 hashing; repeated counts still differ by up to about 2% (dicts keyed by object
 identity probe differently from run to run). valgrind must be installed.
+--cache runs the same processes under cachegrind with its cache
+simulation: data references and L1 misses per plan, and their share of
+the instructions, at each size asked for. Its simulated last level holds
+every size's data, so it says nothing here; what --cache shows is whether
+the rates stay the same as programs grow. If they do, a slower time per
+instruction at the larger size comes from misses served further out (L3
+rather than the 1 MiB L2).
 
 Targets: the propagation pass no slower than XLA's GSPMD propagation, and
 the whole plan no slower than GSPMD's propagation + partitioning, on the
@@ -318,23 +327,45 @@ _PLAN_REPEATS = {"triangle update": (1, 21)}  # else (1, 4): the pairs of k --in
 
 def count_instructions(family: str, layers: int) -> float:
     """Instructions of one build_plan of the program (see --instructions)."""
+    counts = _per_plan(["--tool=callgrind", "--callgrind-out-file=/dev/null"], family, layers,
+                       lambda err: {"instructions": re.search(r"Collected : (\d+)", err)})
+    return counts["instructions"]
+
+
+# cachegrind's summary lines, by what --cache reports
+_CACHE_EVENTS = {"instructions": "I   refs", "I1 misses": "I1  misses", "data refs": "D   refs",
+                 "D1 misses": "D1  misses"}
+
+
+def count_cache(family: str, layers: int) -> dict:
+    """Per build_plan of the program: instructions, data references and
+    first-level cache misses, as cachegrind simulates them (see --cache)."""
+    return _per_plan(["--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=/dev/null"], family, layers,
+                     lambda err: {name: re.search(r"== " + re.escape(line) + r":\s+([\d,]+)", err)
+                                  for name, line in _CACHE_EVENTS.items()})
+
+
+def _per_plan(tool: list, family: str, layers: int, parse) -> dict:
+    """{event: count per plan}: valgrind `tool` runs the process that plans the
+    program 1 + k times for two values of k, side by side; parse(stderr)
+    gives each event's regex match (group 1: the count)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
-        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+        raise SystemExit("--instructions and --cache need valgrind (apt install valgrind)")
     low, high = _PLAN_REPEATS.get(family, (1, 4))
     env = dict(os.environ, PYTHONHASHSEED="0")
-    procs = [subprocess.Popen([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+    procs = [subprocess.Popen([valgrind, *tool, sys.executable,
                                os.path.abspath(__file__), "--plans", family, str(layers), str(k)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
              for k in (low, high)]  # the two counts run side by side
-    counts = []
+    runs = []
     for proc in procs:
         _, err = proc.communicate()
-        found = re.search(r"Collected : (\d+)", err)
-        if proc.returncode != 0 or found is None:
+        found = parse(err)
+        if proc.returncode != 0 or any(m is None for m in found.values()):
             raise SystemExit(f"valgrind run failed ({family} x{layers}):\n{err[-2000:]}")
-        counts.append(int(found.group(1)))
-    return (counts[1] - counts[0]) / (high - low)
+        runs.append({name: int(m.group(1).replace(",", "")) for name, m in found.items()})
+    return {name: (runs[1][name] - runs[0][name]) / (high - low) for name in runs[0]}
 
 
 def _program(family: str, layers: int):
@@ -358,6 +389,25 @@ def instructions(target_exprs: int, families: list) -> int:
     return 0
 
 
+def cache(sizes: list, families: list) -> int:
+    """--cache: per plan at each size, the instructions and how the data and
+    instruction caches take them. Equal rates at two sizes with a higher time
+    per instruction at the larger one say that its misses go further out."""
+    print(f"engine: {native.engine_kind()}; per build_plan (cachegrind's simulated caches, PYTHONHASHSEED=0)")
+    print("| program | exprs | instructions | data refs / instruction | D1 misses | D1 misses / instruction "
+          "| I1 misses / instruction |\n|---|---|---|---|---|---|---|")
+    for family in families:
+        for target in sizes:
+            layers = layers_for(family, target)
+            exprs = len(_program(family, layers)[0].fusion.exprs)
+            c = count_cache(family, layers)
+            ir = c["instructions"]
+            print(f"| {family} x{layers} | {exprs} | {ir / 1e6:.1f}M | {c['data refs'] / ir:.3f} | "
+                  f"{c['D1 misses'] / 1e6:.2f}M | {100 * c['D1 misses'] / ir:.2f}% | "
+                  f"{100 * c['I1 misses'] / ir:.2f}% |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-exprs", type=int, default=10000)
@@ -374,6 +424,10 @@ def main(argv=None) -> int:
     parser.add_argument("--instructions", type=int, default=0, metavar="N",
                         help="instructions per plan (valgrind's callgrind) of the triangle update and of each "
                              "family at ~N exprs, instead of times")
+    parser.add_argument("--cache", default="", metavar="N,M",
+                        help="per plan at ~N and ~M exprs (one size or more, comma-separated) of each of "
+                             "--families (default MLP SP): instructions, data references and L1 misses "
+                             "(valgrind's cachegrind), instead of times")
     parser.add_argument("--plans", nargs=3, metavar=("FAMILY", "LAYERS", "REPEATS"),
                         help="plan a program 1 + REPEATS times and exit (the process --instructions counts)")
     args = parser.parse_args(argv)
@@ -382,6 +436,9 @@ def main(argv=None) -> int:
         return 0
     if args.instructions:
         return instructions(args.instructions, [f.strip() for f in args.families.split(",") if f.strip()])
+    if args.cache:
+        families = args.families if args.families != parser.get_default("families") else "MLP SP"
+        return cache([int(n) for n in args.cache.split(",")], [f.strip() for f in families.split(",") if f.strip()])
     if args.quick:
         args.max_exprs = 100
         if args.json == parser.get_default("json"):
