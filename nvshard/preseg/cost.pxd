@@ -25,7 +25,8 @@ cdef class Cost:
 
 
 cdef class _RememberingNumel(NumelModel):
-    cdef public dict _signatures, _extents, _numbers, _number_table
+    cdef public dict _signatures, _extents, _by_shape, _number_table
+    cdef public tuple _shapes
     cdef public object _sizes
 
     cpdef tuple signature(self, tv)
@@ -95,6 +96,9 @@ cpdef tuple _signature(TensorView tv, sizes, dict extents)
 cpdef tuple _signature_key(TensorView tv, sizes, dict extents)
 
 cpdef tuple _known_extent(IterDomain id_, sizes, dict extents)
+
+@cython.locals(id_=IterDomain, key=list, by_tensor=dict, table=dict)
+cpdef _shape_number(TensorView tv, tuple shapes)
 
 cpdef _axis_size(IterDomain id_)
 

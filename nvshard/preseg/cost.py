@@ -106,7 +106,7 @@ class CostModel:
         self.program = program
         self.sizes = sizes
         self.symbolic = sizes is None
-        self.numel = _RememberingNumel(sizes)
+        self.numel = _RememberingNumel(sizes, program.fusion)
         self._answers: dict = {}  # expr_cost by structure and states
         # Questions (here and in conflicts.py) name signatures and layouts by
         # numbers, this plan's (as reshard.plan_key does): a lookup then hashes
@@ -353,33 +353,62 @@ class _RememberingNumel(NumelModel):
     (every reshard plan looks it up), as NumelModel.signature does, and
     numbers signatures (signature_number) without building them."""
 
-    __slots__ = ("_signatures", "_sizes", "_extents", "_numbers", "_number_table")
+    __slots__ = ("_signatures", "_sizes", "_extents", "_shapes", "_by_shape", "_number_table")
 
-    def __init__(self, sizes):
+    def __init__(self, sizes, fusion=None):
         # a function of the sizes, not a bound method: no cycle through self
         super().__init__(functools.partial(_extent, sizes))
         self._sizes = sizes
-        self._signatures: dict = {}
+        self._signatures: dict = {}  # shape number -> its tensors' signature
         # id(size) -> (size, its value, its signature parts): axes share Size
         # objects, so few differ (the entry keeps the size alive, so its id is not reused)
         self._extents: dict = {}
-        self._numbers: dict = {}  # tv -> its signature's number
+        # the tensors' shape numbers (_shape_number), kept with the fusion:
+        # they hold in every plan, whatever the sizes
+        self._shapes: tuple = _new_shapes() if fusion is None else fusion.kept("tensor shapes", _new_shapes)
+        self._by_shape: dict = {}  # shape number -> its tensors' signature number, this plan's
         self._number_table: dict = {}  # _signature_key -> number
 
     def signature(self, tv) -> tuple:
-        sig = self._signatures.get(tv)
+        """NumelModel.signature, built once per shape (_shape_number)."""
+        shape = _shape_number(tv, self._shapes)
+        sig = self._signatures.get(shape)
         if sig is None:
-            sig = self._signatures[tv] = _signature(tv, self._sizes, self._extents)
+            sig = self._signatures[shape] = _signature(tv, self._sizes, self._extents)
         return sig
 
     def signature_number(self, tv) -> int:
         """signature(tv)'s number in this plan: equal signatures, equal
-        numbers. Numbered by a flat key of numbers (_signature_key), without
-        building the signature itself."""
-        n = self._numbers.get(tv)
+        numbers. Tensors of one shape (_shape_number) share one: its flat
+        key of numbers (_signature_key) is built once per shape, and the
+        signature itself never."""
+        shape = _shape_number(tv, self._shapes)
+        n = self._by_shape.get(shape)
         if n is None:
-            n = self._numbers[tv] = numbered(self._number_table, _signature_key(tv, self._sizes, self._extents))
+            n = self._by_shape[shape] = numbered(self._number_table, _signature_key(tv, self._sizes, self._extents))
         return n
+
+
+def _new_shapes() -> tuple:
+    """({tv: its shape number}, {shape key: number}): see _shape_number."""
+    return {}, {}
+
+
+def _shape_number(tv, shapes: tuple) -> int:
+    """tv's number among the shapes in `shapes`: tensors with equal numbers
+    have the same item size and, axis by axis, the same canonical extent
+    (Size.key: its coefficient and symbols) and kind, so their signatures
+    are equal under any sizes. (Canonical forms change only as the fusion's
+    ops are defined, and what is kept with a fusion is dropped when it grows.)"""
+    by_tensor, table = shapes
+    n = by_tensor.get(tv)
+    if n is None:
+        key = [tv.dtype().itemsize]
+        for id_ in tv.logical:
+            key.append(_axis_size(id_).key())
+            key.append(2 * id_.is_reduction() + id_.is_broadcast())
+        n = by_tensor[tv] = numbered(table, tuple(key))
+    return n
 
 
 def _signature(tv, sizes, extents: dict) -> tuple:

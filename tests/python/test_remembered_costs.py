@@ -111,6 +111,36 @@ def test_remembered_signatures_are_numel_models():
         {(True, True, False), (True, True, True)}
 
 
+def test_tensors_of_one_shape_share_signatures_in_every_plan():
+    """Signatures are built once per shape (cost._shape_number: item size,
+    canonical extents, kinds of axis), and the shapes are kept with the
+    fusion from plan to plan. Under every set of sizes, two tensors must get
+    the same signature number exactly when their signatures are equal: the
+    triangle update's b, i, j are symbolic, so i == j in one plan and not in
+    the next, and with no sizes at all they are estimates."""
+    from nvshard.preseg.cost import CostModel
+    from nvshard.preseg.pipeline import _sizes
+    from nvshard.preseg.program import Program
+    from nvshard.preseg.reshard import NumelModel
+
+    fd, _ = _triangle()
+    kept = None
+    for shapes in (models.triangle_shapes(2, 8, 16), models.triangle_shapes(2, 4, 16), None):
+        sizes = None if shapes is None else _sizes(fd.fusion, shapes, None)
+        program = Program(fd.fusion, sizes)
+        numel = CostModel(program, sizes).numel
+        kept = kept or numel._shapes
+        assert numel._shapes is kept  # the same shapes, kept with the fusion
+        tensors = list(program.state)
+        fresh = [NumelModel.signature(numel, tv) for tv in tensors]
+        numbers = [numel.signature_number(tv) for tv in tensors]
+        for a in range(len(tensors)):
+            for b in range(len(tensors)):
+                assert (numbers[a] == numbers[b]) == (fresh[a] == fresh[b]), (tensors[a], tensors[b], shapes)
+    by_tensor, table = kept
+    assert len(by_tensor) == len(tensors) and len(table) < len(tensors) / 2
+
+
 def _triangle():
     from nvshard.models import Direction
 
