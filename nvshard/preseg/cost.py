@@ -23,7 +23,7 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 from ..ir.nodes import TensorView
 from .program import TvState, new_state
 from .projection import (annotated_sum, arriving_state, operand_plans, plan_compute, resolved, results_mesh,
-                         reuses_mesh_axis, rule_text, same_state)
+                         question_head, reuses_mesh_axis, same_state)
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
 from .reshard import NumelModel, layout_number, numbered, plan_reshard
@@ -200,7 +200,9 @@ class CostModel:
         if fixed is None:  # what does not depend on the states
             tensors = expr.tv_inputs + expr.tv_outputs
             first = {}
-            head = (rule_text(self.program.rule(expr)), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]))
+            for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
+                first.setdefault(tensors[i], i)
+            head = question_head(expr, self.program.rule(expr))
             sigs = [self.signature_number(t) for t in tensors]
             # operands are read resolved (projection.resolved): their reduction axes ask nothing
             summed = [_reduction_axes(t) if i < len(expr.tv_inputs) else () for i, t in enumerate(tensors)]

@@ -4,8 +4,8 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport Program, TvState
-from nvshard.preseg.reshard cimport NumelModel, layout_numbers, numbered, plan_reshard
-from nvshard.preseg.projection cimport annotated_sum, plan_compute, resolved, rule_text, same_state
+from nvshard.preseg.reshard cimport NumelModel, layout_numbers, plan_reshard
+from nvshard.preseg.projection cimport annotated_sum, plan_compute, question_head, resolved, same_state
 from nvshard.preseg.cost cimport reshard_bytes
 
 
@@ -14,7 +14,7 @@ cdef class _Rewrite:
     cdef public NumelModel numel
     cdef public object weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers, kind_numbers
+    cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
     cpdef run(self)
@@ -22,7 +22,7 @@ cdef class _Rewrite:
     @cython.locals(state=TvState)
     cpdef _reshard(self, tv, TvState target)
 
-    @cython.locals(s=TvState, first=dict, tensors=list)
+    @cython.locals(s=TvState, tensors=list)
     cpdef _compute_plan(self, Expr expr, list results, list operands)
 
     cpdef tuple _state_key(self, TvState state)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from ..ir.nodes import Expr, TensorView
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
-from .projection import annotated_sum, plan_compute, resolved, rule_text, same_state
+from .projection import annotated_sum, plan_compute, question_head, resolved, same_state
 from .cost import reshard_bytes
-from .reshard import NumelModel, layout_numbers, numbered, plan_reshard
+from .reshard import NumelModel, layout_numbers, plan_reshard
 
 
 class DecomposeReshardingsPass:
@@ -35,7 +35,7 @@ class _Rewrite:
     would hold every reshard signature until the collector ran.)"""
 
     __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "tensor_kinds",
-                 "layout_key_numbers", "kind_numbers")
+                 "layout_key_numbers")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
@@ -48,8 +48,7 @@ class _Rewrite:
         # number (the first time one is seen), so that hashing and comparing a
         # question reads a few ints, not nested tuples.
         self.layout_key_numbers: dict = {}  # a layout key -> its number
-        self.kind_numbers: dict = {}  # (a signature's number, annotated_sum) -> its number
-        self.tensor_kinds: dict = {}  # tv -> its number in kind_numbers
+        self.tensor_kinds: dict = {}  # tv -> its kind's number (_tensor_kind)
         self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
 
     def run(self) -> None:
@@ -112,9 +111,7 @@ class _Rewrite:
         same, their signatures, and the states (plans are never changed)."""
         rule = self.program.rule(expr)
         tensors = expr.tv_inputs + expr.tv_outputs
-        first: dict = {}
-        question = (rule_text(rule), tuple([first.setdefault(t, i) for i, t in enumerate(tensors)]),
-                    tuple([self._tensor_kind(t) for t in tensors]),
+        question = (question_head(expr, rule), tuple([self._tensor_kind(t) for t in tensors]),
                     tuple([self._state_key(s) for s in results]), tuple([self._state_key(s) for s in operands]))
         plan = self.plans.get(question)
         if plan is None:
@@ -123,10 +120,11 @@ class _Rewrite:
         return plan
 
     def _tensor_kind(self, tv) -> int:
-        """The number of what plan_compute reads of tv besides its state."""
+        """The number of what plan_compute reads of tv besides its state: its
+        signature's number and whether it has an annotated pending sum."""
         n = self.tensor_kinds.get(tv)
         if n is None:
-            n = self.tensor_kinds[tv] = numbered(self.kind_numbers, (self.numel.signature_number(tv), annotated_sum(tv)))
+            n = self.tensor_kinds[tv] = 2 * self.numel.signature_number(tv) + annotated_sum(tv)
         return n
 
     def _state_key(self, state: TvState) -> tuple:

@@ -3,7 +3,7 @@
 
 import cython
 
-from nvshard.ir.nodes cimport IterDomain, TensorView
+from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 
 cdef class AxisFactors:
@@ -22,6 +22,9 @@ cpdef bint same_state(TvState a, TvState b) except -1
 @cython.locals(id_=IterDomain, layouts=list, k=Py_ssize_t, pending=bint)
 cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
+
+@cython.locals(first=dict, places=list, tensors=list, i=Py_ssize_t)
+cpdef tuple question_head(Expr expr, rule)
 cpdef bint annotated_sum(tv) except -1
 
 @cython.locals(a=AxisFactors)

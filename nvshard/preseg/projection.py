@@ -360,6 +360,22 @@ def rule_text(rule) -> str:
     return text
 
 
+def question_head(expr, rule) -> tuple:
+    """(the rule's text, each tensor's first place among expr's operands then
+    results: a tensor read twice names one place): what the cost model's and
+    the decomposition's questions about expr start with. Fixed by expr's
+    structure: made once, kept with its rule."""
+    head = rule.cache.get("question head")
+    if head is None:
+        first: dict = {}
+        places = []
+        tensors = expr.tv_inputs + expr.tv_outputs
+        for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
+            places.append(first.setdefault(tensors[i], i))
+        head = rule.cache["question head"] = (rule_text(rule), tuple(places))
+    return head
+
+
 def annotated_sum(tv) -> bool:
     """Whether the user annotated a pending sum on tv (a parallelized
     reduction axis): plan_compute keeps it as it is."""
