@@ -33,7 +33,7 @@ cpdef Scored new_scored(list choices, Cost cost, dropped_priority, forward, tupl
 cdef class ConflictResolver:
     cdef public Engine engine
     cdef public CostModel cost
-    cdef public dict _answers, _neighbourhoods
+    cdef public dict _answers, _neighbourhoods, _places
 
     @cython.locals(m=Choice, scored=list, forward=Py_ssize_t, facts=list, best=Scored, ranked=list,
                    i=Py_ssize_t, candidate=Scored)
@@ -53,7 +53,8 @@ cdef class ConflictResolver:
                    entry=TensorEntry)
     cpdef tuple _question(self, tv, list candidates)
 
-    @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr)
+    @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr, adjacent=list,
+                   placed=tuple, expr_places=list, i=Py_ssize_t)
     cpdef tuple _neighbourhood(self, tv)
 
     @cython.locals(entries=dict, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,

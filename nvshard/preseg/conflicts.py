@@ -64,13 +64,17 @@ class ConflictResolver:
     """Resolves one conflicted tensor at a time against the engine's current
     state (decisions, meshes and choices)."""
 
-    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods")
+    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places")
 
-    def __init__(self, engine):
+    def __init__(self, engine, places: Optional[dict] = None):
+        """places: where to keep each tensor's neighbourhood places
+        (_neighbourhood), fixed by the fusion's structure: the engine keeps
+        them with the fusion."""
         self.engine = engine
         self.cost = engine.cost
         self._answers: dict = {}  # candidates' costs (unnamed) by question (_question)
         self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
+        self._places: dict = {} if places is None else places
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
@@ -209,14 +213,22 @@ class ConflictResolver:
         known = self._neighbourhoods.get(tv)
         if known is None:
             engine = self.engine
-            tensors, place, exprs = [tv], {tv: 0}, []
-            for e in engine.entries[tv].adjacent:
-                ends = e.tv_inputs + e.tv_outputs
-                for t in ends:
-                    if t not in place:
-                        place[t] = len(tensors)
-                        tensors.append(t)
-                exprs.append((rule_text(engine.p.rule(e)), tuple([place[t] for t in ends])))
+            adjacent = engine.entries[tv].adjacent
+            placed = self._places.get(tv)
+            if placed is None:  # (the first plan of the fusion)
+                tensors, place, expr_places = [tv], {tv: 0}, []
+                for e in adjacent:
+                    ends = e.tv_inputs + e.tv_outputs
+                    for t in ends:
+                        if t not in place:
+                            place[t] = len(tensors)
+                            tensors.append(t)
+                    expr_places.append(tuple([place[t] for t in ends]))
+                placed = self._places[tv] = (tensors, place, expr_places)
+            tensors, place, expr_places = placed
+            exprs = []
+            for i in range(len(adjacent)):  # (rules may change with the sizes: read per plan)
+                exprs.append((rule_text(engine.p.rule(adjacent[i])), expr_places[i]))
             fixed = (tuple(exprs), tuple([self.cost.signature_number(t) for t in tensors]))
             known = self._neighbourhoods[tv] = (tensors, place, fixed)
         return known

@@ -38,7 +38,7 @@ cdef class CostModel:
     cdef public Program program
     cdef public object sizes, symbolic
     cdef public _RememberingNumel numel
-    cdef public dict _answers, _signature_numbers, _signature_table, _layout_numbers, _layout_table
+    cdef public dict _answers, _signature_numbers, _layout_numbers, _layout_table
     cdef public dict _expr_questions, _operand_plans, _completions
     cdef public set _weights
 

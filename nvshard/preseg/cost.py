@@ -98,7 +98,7 @@ class Cost:
 class CostModel:
     __slots__ = (
         "program", "sizes", "symbolic", "numel", "_answers", "_signature_numbers",
-        "_signature_table", "_layout_numbers", "_layout_table", "_expr_questions", "_weights", "_operand_plans",
+        "_layout_numbers", "_layout_table", "_expr_questions", "_weights", "_operand_plans",
         "_completions"
     )
 
@@ -112,7 +112,6 @@ class CostModel:
         # numbers, this plan's (as reshard.plan_key does): a lookup then hashes
         # and compares a few ints, not nested tuples of sizes and keys.
         self._signature_numbers: dict = {}  # tv -> its signature's number
-        self._signature_table: dict = {}  # signature -> its number
         self._layout_numbers: dict = {}  # id(layout) -> (layout, its key's number)
         self._layout_table: dict = {}  # layout.key -> its number
         self._expr_questions: dict = {}  # expr -> the parts of its questions fixed by its structure
@@ -135,12 +134,13 @@ class CostModel:
         return (self.numel.signature(tv), self.is_weight(tv), annotated_sum(tv))
 
     def signature_number(self, tv: TensorView):
-        """signature(tv)'s number: equal signatures, equal numbers (made of
-        the numel signature's number: no signature tuple is built or hashed)."""
+        """signature(tv)'s number: equal signatures, equal numbers (the numel
+        signature's number and the two flags in one int: no signature tuple
+        is built or hashed)."""
         n = self._signature_numbers.get(tv)
         if n is None:
-            n = self._signature_numbers[tv] = numbered(
-                self._signature_table, (self.numel.signature_number(tv), self.is_weight(tv), annotated_sum(tv)))
+            n = self._signature_numbers[tv] = (
+                4 * self.numel.signature_number(tv) + 2 * self.is_weight(tv) + annotated_sum(tv))
         return n
 
     def layout_number(self, digits):

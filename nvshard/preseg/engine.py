@@ -155,7 +155,7 @@ class Engine:
         self._held_back: set = set()
         self._refresh_by_factor = refresh_by_factor
         self.home = _stage_meshes(program)
-        self.resolver = ConflictResolver(self)
+        self.resolver = ConflictResolver(self, _kept_with_fusion(program, "conflict places", dict))
         self._seed()
         self.classes = (_pass_through_classes(program, self.frozen, self.home) if spread_classes
                         else PassThroughClasses(None, self.frozen, self.home))
