@@ -106,8 +106,8 @@ P = nvfuser.ParallelType
 # GSPMD on the same programs (JAX 0.10.2, CPU host devices, 2 cores, min of repeats):
 # (propagation, propagation + partitioning) in ms, for the triangle update and the
 # ~10k-expr stacks. Used where jax is missing. Measured by this tool's full run at
-# 641deb8 (the README's table); the first figures were about twice these.
-GSPMD_REFERENCE_MS = {"triangle update": (0.6, 1.3), "MLP SP": (61.4, 134.5), "triangle": (118.9, 291.7)}
+# f2f51d7 (the README's table); the first figures were about twice these.
+GSPMD_REFERENCE_MS = {"triangle update": (0.6, 1.3), "MLP SP": (63.4, 140.9), "triangle": (127.8, 309.1)}
 
 # Program sizes, shared by the nvshard generators and their JAX ports.
 TRI = dict(b=2, n=64, c=128)
