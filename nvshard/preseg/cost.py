@@ -351,9 +351,10 @@ def _size_value(sizes, size) -> float:
 
 
 class _RememberingNumel(NumelModel):
-    """A NumelModel that computes each tensor's signature once per plan
-    (every reshard plan looks it up), as NumelModel.signature does, and
-    numbers signatures (signature_number) without building them."""
+    """A NumelModel that computes the signature of each shape of tensor
+    (_shape_number) once per plan (every reshard plan looks it up), as
+    NumelModel.signature does, and numbers signatures (signature_number)
+    without building them."""
 
     __slots__ = ("_signatures", "_sizes", "_extents", "_shapes", "_by_shape", "_number_table")
 
