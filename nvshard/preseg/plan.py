@@ -59,19 +59,27 @@ class Plan:
 
     def record_communications(self) -> None:
         received: dict = {}
+        # id(step) -> (step, its groups, their receiving devices): stacked
+        # layers reshard alike, and their steps are one object (reshard.py
+        # shares plans); the entry keeps the step alive, so its id is not reused
+        per_step: dict = {}
         for expr in self.program.exprs:
             if not expr.op.is_communication or expr.op.collective.local:
                 continue
             step = expr.attrs["step"]
             src = expr.inputs[0]
-            groups = collective(step.kind).groups(step)
+            known = per_step.get(id(step))
+            if known is None:
+                spec = collective(step.kind)
+                groups = spec.groups(step)
+                known = per_step[id(step)] = (step, groups, [dev for group in groups for dev in spec.receivers(group)])
+            _, groups, receivers = known
             nbytes = step.bytes if self.sizes is not None else None
             self.communications.append(Communication(step.kind, src.short_name(), step.mesh_axis, groups,
                                                      nbytes, nbytes))
             if nbytes is not None:
-                for group in groups:
-                    for dev in collective(step.kind).receivers(group):
-                        received[dev] = received.get(dev, 0.0) + nbytes
+                for dev in receivers:
+                    received[dev] = received.get(dev, 0.0) + nbytes
         self._received = received
 
     # -- inspection ----------------------------------------------------------------------
