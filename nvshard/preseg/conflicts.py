@@ -66,7 +66,7 @@ class ConflictResolver:
 
     __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places")
 
-    def __init__(self, engine, places: Optional[dict] = None):
+    def __init__(self, engine, places: dict):
         """places: where to keep each tensor's neighbourhood places
         (_neighbourhood), fixed by the fusion's structure: the engine keeps
         them with the fusion."""
@@ -74,7 +74,7 @@ class ConflictResolver:
         self.cost = engine.cost
         self._answers: dict = {}  # candidates' costs (unnamed) by question (_question)
         self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
-        self._places: dict = {} if places is None else places
+        self._places: dict = places
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""

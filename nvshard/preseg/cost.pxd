@@ -9,7 +9,8 @@ from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state
 from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
 from nvshard.preseg.projection cimport (annotated_sum, arriving_state, operand_plans, plan_compute, resolved,
-                                        question_head, results_mesh, reuses_mesh_axis, same_state)
+                                        question_head, results_mesh, reuses_mesh_axis, same_state,
+                                        tensor_places)
 
 
 cdef class Cost:

@@ -23,7 +23,7 @@ except ImportError:  # Python without Cython: the class directives do nothing (n
 from ..ir.nodes import TensorView
 from .program import TvState, new_state
 from .projection import (annotated_sum, arriving_state, operand_plans, plan_compute, resolved, results_mesh,
-                         question_head, reuses_mesh_axis, same_state)
+                         question_head, reuses_mesh_axis, same_state, tensor_places)
 from ..multidevice import layout
 from ..multidevice.collectives import format_bytes
 from .reshard import NumelModel, layout_number, numbered, plan_reshard
@@ -199,10 +199,9 @@ class CostModel:
         fixed = self._expr_questions.get(expr)
         if fixed is None:  # what does not depend on the states
             tensors = expr.tv_inputs + expr.tv_outputs
-            first = {}
-            for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
-                first.setdefault(tensors[i], i)
-            head = question_head(expr, self.program.rule(expr))
+            rule = self.program.rule(expr)
+            first = tensor_places(expr, rule)
+            head = question_head(expr, rule)
             sigs = [self.signature_number(t) for t in tensors]
             # operands are read resolved (projection.resolved): their reduction axes ask nothing
             summed = [_reduction_axes(t) if i < len(expr.tv_inputs) else () for i, t in enumerate(tensors)]
@@ -358,7 +357,7 @@ class _RememberingNumel(NumelModel):
 
     __slots__ = ("_signatures", "_sizes", "_extents", "_shapes", "_by_shape", "_number_table")
 
-    def __init__(self, sizes, fusion=None):
+    def __init__(self, sizes, fusion):
         # a function of the sizes, not a bound method: no cycle through self
         super().__init__(functools.partial(_extent, sizes))
         self._sizes = sizes
@@ -368,7 +367,7 @@ class _RememberingNumel(NumelModel):
         self._extents: dict = {}
         # the tensors' shape numbers (_shape_number), kept with the fusion:
         # they hold in every plan, whatever the sizes
-        self._shapes: tuple = _new_shapes() if fusion is None else fusion.kept("tensor shapes", _new_shapes)
+        self._shapes: tuple = fusion.kept("tensor shapes", _new_shapes)
         self._by_shape: dict = {}  # shape number -> its tensors' signature number, this plan's
         self._number_table: dict = {}  # _signature_key -> number
 

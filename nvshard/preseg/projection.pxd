@@ -23,6 +23,9 @@ cpdef bint same_state(TvState a, TvState b) except -1
 cpdef TvState resolved(TensorView tv, TvState state)
 cpdef str rule_text(rule)
 
+@cython.locals(first=dict, tensors=list, i=Py_ssize_t)
+cpdef dict tensor_places(Expr expr, rule)
+
 @cython.locals(first=dict, places=list, tensors=list, i=Py_ssize_t)
 cpdef tuple question_head(Expr expr, rule)
 cpdef bint annotated_sum(tv) except -1

@@ -360,18 +360,31 @@ def rule_text(rule) -> str:
     return text
 
 
-def question_head(expr, rule) -> tuple:
-    """(the rule's text, each tensor's first place among expr's operands then
-    results: a tensor read twice names one place): what the cost model's and
-    the decomposition's questions about expr start with. Fixed by expr's
-    structure: made once, kept with its rule."""
-    head = rule.cache.get("question head")
-    if head is None:
-        first: dict = {}
-        places = []
+def tensor_places(expr, rule) -> dict:
+    """Each of expr's tensors -> its first place among expr's operands then
+    results (a tensor read twice names one place). Fixed by expr's
+    structure: made once, kept with its rule; callers must not change it."""
+    first = rule.cache.get("tensor places")
+    if first is None:
+        first = {}
         tensors = expr.tv_inputs + expr.tv_outputs
         for i in range(len(tensors)):  # (an index loop: compiled, no tuple per pair)
-            places.append(first.setdefault(tensors[i], i))
+            first.setdefault(tensors[i], i)
+        rule.cache["tensor places"] = first
+    return first
+
+
+def question_head(expr, rule) -> tuple:
+    """(the rule's text, each tensor's place (tensor_places)): what the cost
+    model's and the decomposition's questions about expr start with. Made
+    once, kept with its rule."""
+    head = rule.cache.get("question head")
+    if head is None:
+        first = tensor_places(expr, rule)
+        places = []
+        tensors = expr.tv_inputs + expr.tv_outputs
+        for i in range(len(tensors)):  # (an index loop: compiled)
+            places.append(first[tensors[i]])
         head = rule.cache["question head"] = (rule_text(rule), tuple(places))
     return head
 
