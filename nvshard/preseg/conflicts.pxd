@@ -35,9 +35,12 @@ cdef class ConflictResolver:
     cdef public CostModel cost
     cdef public dict _answers, _neighbourhoods, _places
 
-    @cython.locals(m=Choice, scored=list, forward=Py_ssize_t, facts=list, best=Scored, ranked=list,
-                   i=Py_ssize_t, candidate=Scored)
+    @cython.locals(m=Choice, choices=list, candidates=list, pool=list, costs=list, rankings=dict, standing=list,
+                   forward=Py_ssize_t, ranked=list, i=Py_ssize_t, order=tuple, quoted=Py_ssize_t)
     cpdef tuple resolve(self, tv)
+
+    @cython.locals(m=Choice, choices=list, scored=list, facts=list, ranked=list, i=Py_ssize_t, candidate=Scored)
+    cpdef tuple _rank(self, list candidates, list costs, list standing)
 
     @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
     cpdef tuple weigh_partial_sum(self, tv, Choice pending)
@@ -45,8 +48,9 @@ cdef class ConflictResolver:
     @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
     cpdef tuple _candidates(self, tv)
 
-    @cython.locals(around=list, tensors=list, sharing=list, known=list, costs=list, cost=Cost, unnamed=list)
-    cpdef list _costs(self, tv, list candidates)
+    @cython.locals(around=list, tensors=list, sharing=list, known=tuple, costs=list, cost=Cost, unnamed=list,
+                   rankings=dict)
+    cpdef tuple _costs(self, tv, list candidates)
 
     @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, entries=dict,
                    shared=dict, sharing=list, place=dict, c=list, e=Expr, o=TensorView, own=TensorEntry,
@@ -94,4 +98,4 @@ cpdef bint _offered(list pool, axis, digits) except -1
 @cython.locals(i=Py_ssize_t, j=Py_ssize_t)
 cpdef bint _any_compete(list chosen) except -1
 
-cpdef _why(Scored best, tuple best_key, Scored runner_up, tuple runner_up_key, symbolic)
+cpdef tuple _why(Scored best, tuple best_key, Scored runner_up, tuple runner_up_key, symbolic)

@@ -72,16 +72,21 @@ class ConflictResolver:
         them with the fusion."""
         self.engine = engine
         self.cost = engine.cost
-        self._answers: dict = {}  # candidates' costs (unnamed) by question (_question)
+        self._answers: dict = {}  # question (_question) -> (candidates' costs unnamed, their rankings (resolve))
         self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
         self._places: dict = places
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
         candidates, pool = self._candidates(tv)
-        scored = []
-        for choices, cost in zip(candidates, self._costs(tv, candidates)):
-            # the best priority it leaves out (a loop: min() with a default is a call with a keyword)
+        costs, rankings = self._costs(tv, candidates)
+        # What ranks the candidates besides their costs and facts (both fixed
+        # by the question): the best priority each leaves out, and how many of
+        # its choices keep a producer's sharding. Stacked layers rank alike.
+        standing = []
+        for i in range(len(candidates)):  # (an index loop: compiled, no tuple per candidate)
+            choices = candidates[i]
+            # (a loop: min() with a default is a call with a keyword)
             dropped = _NOTHING_DROPPED
             for m in pool:
                 if m.priority < dropped and m not in choices:
@@ -90,22 +95,45 @@ class ConflictResolver:
             for m in choices:
                 if _forward(m):
                     forward += 1
+            standing.append((dropped, forward))
+        standing_key = tuple(standing)
+        ranking = rankings.get(standing_key)
+        if ranking is None:
+            ranking = rankings[standing_key] = self._rank(candidates, costs, standing)
+        order, template, quoted = ranking
+        if quoted == 0:
+            reason = template
+        elif quoted == 1:
+            reason = ByCost(template, costs[order[0]])
+        else:
+            reason = ByCost(template, costs[order[0]], costs[order[1]])
+        ranked = []
+        for i in order:
+            ranked.append((candidates[i], costs[i]))
+        best = candidates[order[0]]
+        self.engine.log.conflict(tv, ranked, best, reason)
+        return best, reason
+
+    def _rank(self, candidates: list, costs: list, standing: list) -> tuple:
+        """(the candidates' indices, best first; why: a text, or a template
+        quoting the costs of the first `quoted` of them)."""
+        scored = []
+        for i in range(len(candidates)):
+            choices = candidates[i]
             facts = [(m.axis, layout.key(m.digits), str(m.mesh)) for m in choices]
-            scored.append(new_scored(choices, cost, dropped, forward, tuple(sorted(facts))))
+            dropped, forward = standing[i]
+            scored.append(new_scored(choices, costs[i], dropped, forward, tuple(sorted(facts))))
         # each key made once (the index keeps equal keys in candidate order, as a stable sort would)
         ranked = []
         for i in range(len(scored)):  # (a loop: compiled, a comprehension's variable is untyped)
             candidate = scored[i]
             ranked.append((candidate.key(), i))
         ranked.sort()
-        scored = [scored[i] for _, i in ranked]
-        best = scored[0]
-        if len(scored) > 1:
-            reason = _why(best, ranked[0][0], scored[1], ranked[1][0], self.cost.symbolic)
-        else:
-            reason = "only consistent choice"
-        self.engine.log.conflict(tv, [(s.choices, s.cost) for s in scored], best.choices, reason)
-        return best.choices, reason
+        order = tuple([i for _, i in ranked])
+        if len(scored) == 1:
+            return order, "only consistent choice", 0
+        template, quoted = _why(scored[order[0]], ranked[0][0], scored[order[1]], ranked[1][0], self.cost.symbolic)
+        return order, template, quoted
 
     def weigh_partial_sum(self, tv, pending: Choice) -> tuple:
         """([choices], why) for a pending sum nothing competes with. It stays
@@ -116,7 +144,7 @@ class ConflictResolver:
         wants the shard annotates the output, and gets the reduce-scatter)."""
         whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
         options = [[pending], [whole]]
-        costs = self._costs(tv, options)
+        costs = self._costs(tv, options)[0]
         best = 0  # ties keep the partial sum
         for i in range(1, len(options)):
             if costs[i].key() < costs[best].key():
@@ -150,25 +178,28 @@ class ConflictResolver:
         # keep maximal candidates only: adding a compatible choice is free
         return _maximal(candidates), pool
 
-    def _costs(self, tv, candidates: list) -> list:
-        """Each candidate's cost. Stacked layers meet the same conflict over
-        and over: the costs are kept by everything they depend on (the
-        question), with the tensors' names put back."""
+    def _costs(self, tv, candidates: list) -> tuple:
+        """(each candidate's cost, the rankings kept with them). Stacked
+        layers meet the same conflict over and over: the costs are kept by
+        everything they depend on (the question), with the tensors' names
+        put back, and so are the candidates' rankings (resolve)."""
         question, tensors, sharing = self._question(tv, candidates)
         known = self._answers.get(question)
         costs = []
         if known is not None:
-            for cost in known:  # (a loop: compiled, a comprehension's variable is untyped)
+            unnamed = known[0]
+            for cost in unnamed:  # (a loop: compiled, a comprehension's variable is untyped)
                 costs.append(cost.renamed(tensors))
-            return costs
+            return costs, known[1]
         around = self._around(tv, sharing)  # (only a question asked for the first time prices candidates)
         for c in candidates:
             costs.append(self._cost(tv, c, around))
         unnamed = []
         for cost in costs:
             unnamed.append(cost.unnamed(tensors))
-        self._answers[question] = unnamed
-        return costs
+        rankings = {}
+        self._answers[question] = (unnamed, rankings)
+        return costs, rankings
 
     def _question(self, tv, candidates: list) -> tuple:
         """(what the candidates' costs depend on, with tensors as places in
@@ -448,18 +479,18 @@ class ByCost:
         return self.template.format(self.first.describe(), self.second.describe())
 
 
-def _why(best: Scored, best_key: tuple, runner_up: Scored, runner_up_key: tuple, symbolic: bool):
-    """Why best ranks first (their keys given): a str, or a ByCost."""
+def _why(best: Scored, best_key: tuple, runner_up: Scored, runner_up_key: tuple, symbolic: bool) -> tuple:
+    """Why best ranks first (their keys given): (a text, 0), or (a template,
+    how many costs it quotes: best's, then the runner-up's)."""
     bp, bc, bf, _ = best_key
     rp, rc, rf, _ = runner_up_key
     if bp != rp:
         dropped = best.dropped_priority if best.dropped_priority != _NOTHING_DROPPED else runner_up.dropped_priority
-        return f"priority: the alternative drops a priority-{dropped} sharding"
+        return f"priority: the alternative drops a priority-{dropped} sharding", 0
     if bc != rc:
         if symbolic and bc[0] != rc[0]:
-            return "heuristic: weights stay stationary (symbolic sizes)"
-        return ByCost("fewer bytes ({} vs {})", best.cost, runner_up.cost)
+            return "heuristic: weights stay stationary (symbolic sizes)", 0
+        return "fewer bytes ({} vs {})", 2
     if bf != rf:
-        return ByCost("tie on bytes ({}): keep the producer's sharding", best.cost)
-    return "tie: outer axes first"
-
+        return "tie on bytes ({}): keep the producer's sharding", 1
+    return "tie: outer axes first", 0
