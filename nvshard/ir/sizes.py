@@ -97,6 +97,14 @@ class Size:
             self.coef = coef if type(coef) is Fraction or isinstance(coef, Fraction) else _fraction(coef)
         self.syms = tuple(syms)
         self._epoch = -1
+        if not self.syms and type(coef) is int:
+            # a static extent is its own canonical form, keyed by its int
+            # (as canonical() would key it, without reading the Fraction's
+            # numerator and denominator: Python properties, and plans make
+            # static sizes for local blocks)
+            self._canonical = None
+            self._key = (coef, ())
+            self._epoch = _EPOCH[0]
 
     # -- construction -------------------------------------------------------
     @staticmethod

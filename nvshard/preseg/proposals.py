@@ -192,6 +192,11 @@ def compete(a: Choice, b: Choice) -> bool:
 class Annotation:
     tensor: object
 
+    def __init__(self, tensor):
+        # (written out: compiled, a dataclass's generated __init__ runs as
+        # interpreted Python, and a plan makes one per annotated tensor)
+        object.__setattr__(self, "tensor", tensor)
+
     def __str__(self) -> str:
         return f"annotation of {self.tensor.short_name()}"
 
