@@ -4,8 +4,8 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport Program, TvState
-from nvshard.preseg.reshard cimport NumelModel, layout_numbers, plan_reshard
-from nvshard.preseg.projection cimport annotated_sum, plan_compute, question_head, resolved, same_state
+from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
+from nvshard.preseg.projection cimport annotated_sum, plan_compute, question_head_number, resolved, same_state
 from nvshard.preseg.cost cimport reshard_bytes
 
 
@@ -14,7 +14,7 @@ cdef class _Rewrite:
     cdef public NumelModel numel
     cdef public object weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers
+    cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers, mesh_numbers
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
     cpdef run(self)
@@ -22,9 +22,10 @@ cdef class _Rewrite:
     @cython.locals(state=TvState)
     cpdef _reshard(self, tv, TvState target)
 
-    @cython.locals(s=TvState, tensors=list)
+    @cython.locals(tensors=list, question=list, i=Py_ssize_t, key=tuple)
     cpdef _compute_plan(self, Expr expr, list results, list operands)
 
-    cpdef tuple _state_key(self, TvState state)
+    @cython.locals(layouts=list, i=Py_ssize_t)
+    cpdef _add_state(self, list question, TvState state)
 
     cpdef object _tensor_kind(self, tv)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from ..ir.nodes import Expr, TensorView
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
-from .projection import annotated_sum, plan_compute, question_head, resolved, same_state
+from .projection import annotated_sum, plan_compute, question_head_number, resolved, same_state
 from .cost import reshard_bytes
-from .reshard import NumelModel, layout_numbers, plan_reshard
+from .reshard import NumelModel, layout_number, numbered, plan_reshard
 
 
 class DecomposeReshardingsPass:
@@ -35,7 +35,7 @@ class _Rewrite:
     would hold every reshard signature until the collector ran.)"""
 
     __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "tensor_kinds",
-                 "layout_key_numbers")
+                 "layout_key_numbers", "mesh_numbers")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
@@ -44,12 +44,13 @@ class _Rewrite:
         self.exprs: list = []
         self.resharded: dict = {}  # (tv, target key) -> the tensor holding tv in that layout
         self.plans: dict = {}  # ComputePlan by question: stacked layers compute alike
-        # A question names each tensor's signature and each layout by a small
-        # number (the first time one is seen), so that hashing and comparing a
-        # question reads a few ints, not nested tuples.
+        # A question names each tensor's signature, each mesh and each layout
+        # by a small number (the first time one is seen), so that hashing and
+        # comparing a question reads a few ints, not nested tuples.
         self.layout_key_numbers: dict = {}  # a layout key -> its number
         self.tensor_kinds: dict = {}  # tv -> its kind's number (_tensor_kind)
         self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
+        self.mesh_numbers: dict = {}  # a mesh -> its number
 
     def run(self) -> None:
         program, exprs = self.program, self.exprs
@@ -108,16 +109,39 @@ class _Rewrite:
 
     def _compute_plan(self, expr, results: list, operands: list):
         """plan_compute, kept by all it reads: the rule, which tensors are the
-        same, their signatures, and the states (plans are never changed)."""
+        same, their signatures, and the states (plans are never changed).
+        The question is one flat tuple of ints (hashed and compared without
+        a tuple per state): the head's number, each tensor's kind, then per
+        result and per operand its mesh's number, its rank and its layouts'
+        numbers."""
         rule = self.program.rule(expr)
         tensors = expr.tv_inputs + expr.tv_outputs
-        question = (question_head(expr, rule), tuple([self._tensor_kind(t) for t in tensors]),
-                    tuple([self._state_key(s) for s in results]), tuple([self._state_key(s) for s in operands]))
-        plan = self.plans.get(question)
+        question = [question_head_number(expr, rule)]
+        for i in range(len(tensors)):  # (an index loop: compiled, no iterator)
+            question.append(self._tensor_kind(tensors[i]))
+        for i in range(len(results)):
+            self._add_state(question, results[i])
+        for i in range(len(operands)):
+            self._add_state(question, operands[i])
+        key = tuple(question)
+        plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[question] = plan_compute(expr, results, rule, operands,
-                                                       self._price if self.weigh_alternatives else None)
+            plan = self.plans[key] = plan_compute(expr, results, rule, operands,
+                                                  self._price if self.weigh_alternatives else None)
         return plan
+
+    def _add_state(self, question: list, state: TvState) -> None:
+        """Appends the state's mesh number, rank and each layout's number
+        (-1: replicated) to a question."""
+        mesh = state.mesh
+        if mesh is None:
+            question.append(-1)
+        else:
+            question.append(numbered(self.mesh_numbers, mesh))
+        layouts = state.layouts
+        question.append(len(layouts))
+        for i in range(len(layouts)):
+            question.append(layout_number(layouts[i], self.layout_keys, self.layout_key_numbers))
 
     def _tensor_kind(self, tv) -> int:
         """The number of what plan_compute reads of tv besides its state: its
@@ -126,10 +150,6 @@ class _Rewrite:
         if n is None:
             n = self.tensor_kinds[tv] = 2 * self.numel.signature_number(tv) + annotated_sum(tv)
         return n
-
-    def _state_key(self, state: TvState) -> tuple:
-        """state.key(), each layout's key as its number (-1: replicated)."""
-        return (state.mesh, layout_numbers(state.layouts, self.layout_keys, self.layout_key_numbers))
 
 
 def _communication(step, src: TensorView, dst: TensorView) -> Expr:

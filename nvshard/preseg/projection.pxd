@@ -28,6 +28,10 @@ cpdef dict tensor_places(Expr expr, rule)
 
 @cython.locals(first=dict, places=list, tensors=list, i=Py_ssize_t)
 cpdef tuple question_head(Expr expr, rule)
+
+@cython.locals(head=tuple)
+cpdef object question_head_number(Expr expr, rule)
+
 cpdef bint annotated_sum(tv) except -1
 
 @cython.locals(a=AxisFactors)

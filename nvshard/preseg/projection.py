@@ -389,6 +389,25 @@ def question_head(expr, rule) -> tuple:
     return head
 
 
+# question head -> its number, for every rule in the process: heads are few
+# (an op's rule text and its tensors' places), and one int stands for one
+# head in any fusion, however fusions grow
+_HEAD_NUMBERS: dict = {}
+
+
+def question_head_number(expr, rule) -> int:
+    """question_head's number (_HEAD_NUMBERS), kept with the rule: a flat
+    question hashes and compares one int for the head."""
+    n = rule.cache.get("question head number")
+    if n is None:
+        head = question_head(expr, rule)
+        n = _HEAD_NUMBERS.get(head)
+        if n is None:
+            n = _HEAD_NUMBERS[head] = len(_HEAD_NUMBERS)
+        rule.cache["question head number"] = n
+    return n
+
+
 def annotated_sum(tv) -> bool:
     """Whether the user annotated a pending sum on tv (a parallelized
     reduction axis): plan_compute keeps it as it is."""
