@@ -33,7 +33,8 @@ cpdef Scored new_scored(list choices, Cost cost, dropped_priority, forward, tupl
 cdef class ConflictResolver:
     cdef public Engine engine
     cdef public CostModel cost
-    cdef public dict _answers, _neighbourhoods, _places
+    cdef public dict _answers, _neighbourhoods, _places, _numbers
+    cdef public object _last_mesh, _last_mesh_number
 
     @cython.locals(m=Choice, choices=list, candidates=list, pool=list, costs=list, rankings=dict, standing=list,
                    forward=Py_ssize_t, ranked=list, i=Py_ssize_t, order=tuple, quoted=Py_ssize_t)
@@ -52,12 +53,19 @@ cdef class ConflictResolver:
                    rankings=dict)
     cpdef tuple _costs(self, tv, list candidates)
 
-    @cython.locals(engine=Engine, cost=CostModel, d=Decision, m=Choice, parts=list, seen=set, entries=dict,
-                   shared=dict, sharing=list, place=dict, c=list, e=Expr, o=TensorView, own=TensorEntry,
-                   entry=TensorEntry)
+    @cython.locals(engine=Engine, cost=CostModel, parts=list, seen=set, entries=dict, shared=dict, sharing=list,
+                   place=dict, e=Expr, o=TensorView, own=TensorEntry, i=Py_ssize_t)
     cpdef tuple _question(self, tv, list candidates)
 
-    @cython.locals(engine=Engine, tensors=list, place=dict, exprs=list, ends=list, e=Expr, adjacent=list,
+    @cython.locals(d=Decision, decided=list, k=Py_ssize_t)
+    cpdef _add_state(self, list parts, TensorEntry entry)
+
+    @cython.locals(cost=CostModel, m=Choice, i=Py_ssize_t)
+    cpdef _add_choices(self, list parts, list choices)
+
+    cpdef object _mesh_number(self, mesh)
+
+    @cython.locals(engine=Engine, tensors=list, place=dict, fixed=list, ends=list, e=Expr, adjacent=list,
                    placed=tuple, expr_places=list, i=Py_ssize_t)
     cpdef tuple _neighbourhood(self, tv)
 
@@ -76,7 +84,7 @@ cdef class ConflictResolver:
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)
 
 
-cpdef tuple _facts(Choice m, CostModel cost)
+cpdef object _numbered(dict numbers, value)
 
 @cython.locals(d=Decision)
 cpdef list _layouts(TensorEntry entry)

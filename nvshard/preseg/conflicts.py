@@ -33,6 +33,7 @@ from .proposals import Choice, Direction, compete
 
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
 _NOTHING_DROPPED = float("inf")  # a candidate's dropped priority when it leaves nothing out
+_OPEN = -2  # an open axis in a question (-1: replicated; layouts are numbered from 0)
 
 
 @cython.no_gc
@@ -64,7 +65,8 @@ class ConflictResolver:
     """Resolves one conflicted tensor at a time against the engine's current
     state (decisions, meshes and choices)."""
 
-    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places")
+    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places", "_numbers", "_last_mesh",
+                 "_last_mesh_number")
 
     def __init__(self, engine, places: dict):
         """places: where to keep each tensor's neighbourhood places
@@ -75,6 +77,11 @@ class ConflictResolver:
         self._answers: dict = {}  # question (_question) -> (candidates' costs unnamed, their rankings (resolve))
         self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
         self._places: dict = places
+        # questions name meshes, rule texts with places, and state keys by
+        # numbers (in one table: the kinds of value never compare equal)
+        self._numbers: dict = {}
+        self._last_mesh = None
+        self._last_mesh_number = -1
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
@@ -208,39 +215,84 @@ class ConflictResolver:
         adjacent expr its rule, which places its tensors are, the other
         tensors' states, the choices of its open results (_options) and how
         its operands are shared (_sharing); and each place's signature
-        (dtype, axes, extents, weight)."""
+        (dtype, axes, extents, weight). One flat tuple of ints: meshes,
+        layouts, signatures and texts by their numbers, and a count before
+        every part whose length varies, so that two questions are equal
+        exactly when what they say is."""
         engine, cost = self.engine, self.cost
         entries = engine.entries
         own = entries[tv]
         tensors, place, fixed = self._neighbourhood(tv)
-        parts = [fixed, own.mesh,
-                 tuple([None if d is None else cost.layout_number(d.digits) for d in own.decided]),
-                 tuple([tuple([_facts(m, cost) for m in c]) for c in candidates])]
+        parts = list(fixed)
+        self._add_state(parts, own)
+        parts.append(len(candidates))
+        for i in range(len(candidates)):  # (an index loop: compiled, no iterator)
+            self._add_choices(parts, candidates[i])
         seen = {tv}
         sharing = []
         for e in own.adjacent:
             for t in e.tv_inputs + e.tv_outputs:
                 if t not in seen:
                     seen.add(t)
-                    entry = entries[t]
-                    parts.append(cost.numbered_state(entry.mesh, _layouts(entry)))
+                    self._add_state(parts, entries[t])
             for o in e.tv_outputs:
                 if _any_none(entries[o].decided):
-                    parts.append(tuple([_facts(m, cost) for m in engine.current_choices(o)]))
+                    self._add_choices(parts, engine.current_choices(o))
                 else:
-                    parts.append(None)
+                    parts.append(-1)  # (no count is negative)
             shared = {}
             for t in e.tv_inputs:
                 if t is not tv and t not in shared:  # (an operand read twice is shared the same way)
                     shared[t] = self._sharing(e, t)
             sharing.append(shared)
-            parts.append(tuple([(place[t], frozenset(made), sharers) for t, (made, sharers) in shared.items()]))
+            parts.append(len(shared))
+            for t, (made, sharers) in shared.items():
+                parts.append(place[t])
+                parts.append(len(made))
+                if made:
+                    parts.extend(sorted([_numbered(self._numbers, k) for k in made]))
+                parts.append(sharers)
         return tuple(parts), tensors, sharing
+
+    def _add_state(self, parts: list, entry) -> None:
+        """Appends a tensor's state as decided so far: its mesh's number, its
+        rank, and per axis its layout's number (-1: replicated, -2: open)."""
+        parts.append(self._mesh_number(entry.mesh))
+        decided = entry.decided
+        parts.append(len(decided))
+        for k in range(len(decided)):  # (an index loop: compiled, no iterator)
+            d = decided[k]
+            parts.append(_OPEN if d is None else self.cost.layout_number(d.digits))
+
+    def _add_choices(self, parts: list, choices: list) -> None:
+        """Appends how many choices there are, then per choice what a cost
+        reads of it: its axis, its layout's number, its mesh's number and
+        whether it is a pending sum (what compete() compares besides)."""
+        cost = self.cost
+        parts.append(len(choices))
+        for i in range(len(choices)):  # (an index loop: compiled, no iterator)
+            m = choices[i]
+            parts.append(m.axis)
+            parts.append(cost.layout_number(m.digits))
+            parts.append(self._mesh_number(m.mesh))
+            parts.append(1 if m.reduction else 0)
+
+    def _mesh_number(self, mesh) -> int:
+        """The mesh's number in this plan's questions (-1: none); equal meshes, one number."""
+        if mesh is None:
+            return -1
+        if mesh is self._last_mesh:  # (the common case: one mesh object throughout)
+            return self._last_mesh_number
+        n = _numbered(self._numbers, mesh)
+        self._last_mesh, self._last_mesh_number = mesh, n
+        return n
 
     def _neighbourhood(self, tv) -> tuple:
         """(tv and the tensors of its adjacent exprs, in the order questions
-        name them; their places; per adjacent expr its rule and its tensors'
-        places, and each tensor's signature): fixed per tensor, kept."""
+        name them; their places; the question's part its structure fixes:
+        per adjacent expr the number of its rule's text and its tensors'
+        places, and each tensor's signature number, as ints with their
+        counts): fixed per tensor, kept."""
         known = self._neighbourhoods.get(tv)
         if known is None:
             engine = self.engine
@@ -257,11 +309,13 @@ class ConflictResolver:
                     expr_places.append(tuple([place[t] for t in ends]))
                 placed = self._places[tv] = (tensors, place, expr_places)
             tensors, place, expr_places = placed
-            exprs = []
+            fixed = [len(adjacent)]
             for i in range(len(adjacent)):  # (rules may change with the sizes: read per plan)
-                exprs.append((rule_text(engine.p.rule(adjacent[i])), expr_places[i]))
-            fixed = (tuple(exprs), tuple([self.cost.signature_number(t) for t in tensors]))
-            known = self._neighbourhoods[tv] = (tensors, place, fixed)
+                fixed.append(_numbered(self._numbers, (rule_text(engine.p.rule(adjacent[i])), expr_places[i])))
+            fixed.append(len(tensors))
+            for i in range(len(tensors)):
+                fixed.append(self.cost.signature_number(tensors[i]))
+            known = self._neighbourhoods[tv] = (tensors, place, tuple(fixed))
         return known
 
     def _around(self, tv, sharing: list) -> list:
@@ -381,6 +435,14 @@ class ConflictResolver:
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
 
 
+def _numbered(numbers: dict, value) -> int:
+    """value's number in `numbers` (the next one when it is new)."""
+    n = numbers.get(value)
+    if n is None:
+        n = numbers[value] = len(numbers)
+    return n
+
+
 def _layouts(entry) -> list:
     """A tensor's layouts as decided so far (None: an open axis)."""
     return [d.digits if d is not None else None for d in entry.decided]
@@ -448,13 +510,6 @@ def _any_compete(chosen: list) -> bool:
             if compete(chosen[i], chosen[j]):
                 return True
     return False
-
-
-def _facts(m: Choice, cost) -> tuple:
-    """What a cost reads of a choice: its axis and layout (its number in the
-    cost model), and what compete() compares besides (its mesh, whether it
-    is a pending sum)."""
-    return (m.axis, cost.layout_number(m.digits), m.mesh, m.reduction)
 
 
 @cython.no_gc
