@@ -15,11 +15,12 @@ cdef class _Rewrite:
     cdef public object weigh_alternatives
     cdef public list exprs
     cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers, mesh_numbers
+    cdef public object last_mesh, last_mesh_number
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
     cpdef run(self)
 
-    @cython.locals(state=TvState)
+    @cython.locals(state=TvState, named=list, key=tuple)
     cpdef _reshard(self, tv, TvState target)
 
     @cython.locals(tensors=list, question=list, i=Py_ssize_t, key=tuple)

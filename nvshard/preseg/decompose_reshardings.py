@@ -35,14 +35,14 @@ class _Rewrite:
     would hold every reshard signature until the collector ran.)"""
 
     __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "tensor_kinds",
-                 "layout_key_numbers", "mesh_numbers")
+                 "layout_key_numbers", "mesh_numbers", "last_mesh", "last_mesh_number")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
         self.numel = numel
         self.weigh_alternatives = weigh_alternatives
         self.exprs: list = []
-        self.resharded: dict = {}  # (tv, target key) -> the tensor holding tv in that layout
+        self.resharded: dict = {}  # (tv, the target state's numbers) -> the tensor holding tv in that layout
         self.plans: dict = {}  # ComputePlan by question: stacked layers compute alike
         # A question names each tensor's signature, each mesh and each layout
         # by a small number (the first time one is seen), so that hashing and
@@ -51,6 +51,7 @@ class _Rewrite:
         self.tensor_kinds: dict = {}  # tv -> its kind's number (_tensor_kind)
         self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
         self.mesh_numbers: dict = {}  # a mesh -> its number
+        self.last_mesh, self.last_mesh_number = None, -1  # the mesh numbered last, and its number
 
     def run(self) -> None:
         program, exprs = self.program, self.exprs
@@ -98,11 +99,14 @@ class _Rewrite:
         state = self.program.state[tv]
         if same_state(state, target):
             return tv
-        key = (tv, target.key())
-        if key not in self.resharded:
+        named = [tv]  # (tv, then the target state as questions name it: _add_state)
+        self._add_state(named, target)
+        key = tuple(named)
+        resharded = self.resharded.get(key)
+        if resharded is None:
             steps = plan_reshard(tv, state, target, self.numel)
-            self.resharded[key] = self._emit(tv, steps) if steps else tv
-        return self.resharded[key]
+            resharded = self.resharded[key] = self._emit(tv, steps) if steps else tv
+        return resharded
 
     def _price(self, tv, src, dst) -> float:
         return reshard_bytes(tv, src, dst, self.numel)
@@ -136,8 +140,12 @@ class _Rewrite:
         mesh = state.mesh
         if mesh is None:
             question.append(-1)
+        elif mesh is self.last_mesh:  # (the common case: one mesh object throughout)
+            question.append(self.last_mesh_number)
         else:
-            question.append(numbered(self.mesh_numbers, mesh))
+            n = numbered(self.mesh_numbers, mesh)
+            self.last_mesh, self.last_mesh_number = mesh, n
+            question.append(n)
         layouts = state.layouts
         question.append(len(layouts))
         for i in range(len(layouts)):
