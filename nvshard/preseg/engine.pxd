@@ -12,7 +12,8 @@ from nvshard.preseg.log cimport Decision, DecisionLog, new_decision
 from nvshard.preseg.projection cimport AxisFactors, axis_factors, split_axis
 from nvshard.preseg.program cimport Program, new_state
 from nvshard.preseg.proposals cimport (Choice, Opinion, Proposal, compete, crossing_stage, direction_between,
-                                       new_choice, new_opinion, new_proposal, propagated_through)
+                                       new_choice, new_opinion, new_proposal, propagated_by,
+                                       propagated_through)
 
 
 cdef class TensorEntry:

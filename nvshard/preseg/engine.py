@@ -56,9 +56,9 @@ from .cost import CostModel
 from .log import Decision, DecisionLog, new_decision
 from .program import Program, new_state
 from .projection import Role, axis_factors, split_axis
-from .proposals import (STAGE_TEXT, Annotation, Choice, Opinion, Proposal, Propagated, Stage, UnannotatedInput,
-                        Unreached, compete, crossing_stage, direction_between, new_choice, new_opinion, new_proposal,
-                        propagated_through)
+from .proposals import (STAGE_TEXT, Annotation, Choice, Opinion, Proposal, Stage, UnannotatedInput, Unreached,
+                        compete, crossing_stage, direction_between, new_choice, new_opinion, new_proposal,
+                        propagated_by, propagated_through)
 
 # Members read in inner loops, as module names: on Python 3.11 every attribute
 # read on an Enum class goes through EnumType.__getattr__'s slot hook.
@@ -650,7 +650,7 @@ class Engine:
 
     def _decide(self, t: TensorEntry, m: Choice, reason) -> None:
         key = self._layout_facts(m.digits)[1]
-        decision = new_decision(t.tv, m.axis, m.digits, Propagated(m), m.priority, STAGE_TEXT[m.stage], reason,
+        decision = new_decision(t.tv, m.axis, m.digits, propagated_by(m), m.priority, STAGE_TEXT[m.stage], reason,
                                 m.mesh_axes, key)
         self._record(t, m.mesh, decision)
 

@@ -2,6 +2,8 @@
 
 import cython
 
+from nvshard.preseg.proposals cimport Choice
+
 cdef class Decision:
     cdef public object tv, axis, digits, source, priority, stage, why, mesh_axes, key
 
@@ -17,6 +19,9 @@ cdef class DecisionLog:
     cpdef decide(self, tv, axis, digits, source, priority, stage, reason=*)
 
     cpdef record(self, Decision decision)
+
+    @cython.locals(candidates=list, cand=list, flat=list, m=Choice, facts=list)
+    cpdef conflict(self, tv, list scored, list winner, reason)
 
 
 cdef class LoggedCandidate:

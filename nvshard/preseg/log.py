@@ -47,8 +47,12 @@ class DecisionLog:
         # keep what the text needs as plain values, formatted when read.
         candidates = []
         for cand, cost in scored:
+            facts = []
+            for m in cand:  # (a loop: compiled, m is typed only in a loop)
+                facts.append((m.axis, m.digits, m.priority))
+            facts.sort()
             flat = []
-            for fact in sorted([(m.axis, m.digits, m.priority) for m in cand]):
+            for fact in facts:
                 flat += fact
             candidates.append(new_logged_candidate(cand is winner, tuple(flat), cost))
         self.entries.append(LoggedConflict(tv, len(scored), reason, tuple(candidates)))

@@ -34,6 +34,9 @@ cdef class Propagated:
     cdef public object direction, expr, factor, tensors
 
 
+@cython.locals(source=Propagated, sources=list, first=Proposal, s=Proposal, tensors=list, i=Py_ssize_t)
+cpdef Propagated propagated_by(Choice choice)
+
 @cython.locals(source=Propagated)
 cpdef Propagated propagated_through(direction, expr, factor, tensors)
 

@@ -225,13 +225,6 @@ class Propagated:
 
     __slots__ = ("direction", "expr", "factor", "tensors")  # flat: a plan keeps one per decision
 
-    def __init__(self, choice: Choice):
-        first = choice.sources[0] if choice.sources else None
-        self.direction = self.expr = self.factor = None
-        if first is not None:
-            self.direction, self.expr, self.factor = first.direction, first.expr, first.factor
-        self.tensors = tuple([s.source for s in choice.sources if s.source is not None])
-
     def __str__(self) -> str:
         if self.expr is None:
             return "conflict resolution"
@@ -240,6 +233,27 @@ class Propagated:
         if names:
             via += " from " + ", ".join(names)
         return via
+
+
+def propagated_by(choice: Choice) -> Propagated:
+    """The source of a decision the choice made: carried as its first
+    proposal was (the choice's proposals' source tensors named), or chosen
+    with no proposal behind it, in a conflict. (A module function, like
+    propagated_through: compiled, it reads the proposals' fields typed.)"""
+    sources = choice.sources
+    source = Propagated.__new__(Propagated)
+    if sources:
+        first = sources[0]
+        source.direction, source.expr, source.factor = first.direction, first.expr, first.factor
+    else:
+        source.direction = source.expr = source.factor = None
+    tensors = []
+    for i in range(len(sources)):  # (an index loop: compiled, s is typed)
+        s = sources[i]
+        if s.source is not None:
+            tensors.append(s.source)
+    source.tensors = tuple(tensors)
+    return source
 
 
 def propagated_through(direction, expr, factor, tensors) -> Propagated:
