@@ -14,7 +14,7 @@ cdef class _Rewrite:
     cdef public NumelModel numel
     cdef public object weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans, layout_keys, tensor_kinds, layout_key_numbers, mesh_numbers
+    cdef public dict resharded, plans, layout_keys, codes, layout_key_numbers, mesh_numbers
     cdef public object last_mesh, last_mesh_number
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
@@ -23,10 +23,11 @@ cdef class _Rewrite:
     @cython.locals(state=TvState, named=list, key=tuple)
     cpdef _reshard(self, tv, TvState target)
 
-    @cython.locals(tensors=list, question=list, i=Py_ssize_t, key=tuple)
+    @cython.locals(question=list, inputs=list, outputs=list, i=Py_ssize_t, key=tuple)
     cpdef _compute_plan(self, Expr expr, list results, list operands)
+
+    @cython.locals(known=tuple, code=list)
+    cpdef tuple _tensor_code(self, tv, TvState state)
 
     @cython.locals(layouts=list, i=Py_ssize_t)
     cpdef _add_state(self, list question, TvState state)
-
-    cpdef object _tensor_kind(self, tv)

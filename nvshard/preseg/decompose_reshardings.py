@@ -34,7 +34,7 @@ class _Rewrite:
     closures: compiled, closures that call each other form a cycle, which
     would hold every reshard signature until the collector ran.)"""
 
-    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "tensor_kinds",
+    __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "codes",
                  "layout_key_numbers", "mesh_numbers", "last_mesh", "last_mesh_number")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
@@ -48,7 +48,7 @@ class _Rewrite:
         # by a small number (the first time one is seen), so that hashing and
         # comparing a question reads a few ints, not nested tuples.
         self.layout_key_numbers: dict = {}  # a layout key -> its number
-        self.tensor_kinds: dict = {}  # tv -> its kind's number (_tensor_kind)
+        self.codes: dict = {}  # tv -> (its state, its code in that state) (_tensor_code)
         self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
         self.mesh_numbers: dict = {}  # a mesh -> its number
         self.last_mesh, self.last_mesh_number = None, -1  # the mesh numbered last, and its number
@@ -115,24 +115,36 @@ class _Rewrite:
         """plan_compute, kept by all it reads: the rule, which tensors are the
         same, their signatures, and the states (plans are never changed).
         The question is one flat tuple of ints (hashed and compared without
-        a tuple per state): the head's number, each tensor's kind, then per
-        result and per operand its mesh's number, its rank and its layouts'
-        numbers."""
+        a tuple per state): the head's number, then per operand and per
+        result its code (_tensor_code)."""
         rule = self.program.rule(expr)
-        tensors = expr.tv_inputs + expr.tv_outputs
         question = [question_head_number(expr, rule)]
-        for i in range(len(tensors)):  # (an index loop: compiled, no iterator)
-            question.append(self._tensor_kind(tensors[i]))
+        inputs, outputs = expr.tv_inputs, expr.tv_outputs
+        for i in range(len(operands)):  # (an index loop: compiled, no iterator)
+            question.extend(self._tensor_code(inputs[i], operands[i]))
         for i in range(len(results)):
-            self._add_state(question, results[i])
-        for i in range(len(operands)):
-            self._add_state(question, operands[i])
+            question.extend(self._tensor_code(outputs[i], results[i]))
         key = tuple(question)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = plan_compute(expr, results, rule, operands,
                                                   self._price if self.weigh_alternatives else None)
         return plan
+
+    def _tensor_code(self, tv, state: TvState) -> tuple:
+        """What a question says of tv in `state`: what plan_compute reads of
+        tv besides its state (its signature's number and whether it has an
+        annotated pending sum, as one int), then the state's numbers
+        (_add_state). Kept while tv's state is that object: a tensor is a
+        result once and an operand of each consumer, mostly in the state it
+        was produced in (projection.resolved returns that state itself)."""
+        known = self.codes.get(tv)
+        if known is not None and known[0] is state:
+            return known[1]
+        code = [2 * self.numel.signature_number(tv) + annotated_sum(tv)]
+        self._add_state(code, state)
+        known = self.codes[tv] = (state, tuple(code))
+        return known[1]
 
     def _add_state(self, question: list, state: TvState) -> None:
         """Appends the state's mesh number, rank and each layout's number
@@ -150,14 +162,6 @@ class _Rewrite:
         question.append(len(layouts))
         for i in range(len(layouts)):
             question.append(layout_number(layouts[i], self.layout_keys, self.layout_key_numbers))
-
-    def _tensor_kind(self, tv) -> int:
-        """The number of what plan_compute reads of tv besides its state: its
-        signature's number and whether it has an annotated pending sum."""
-        n = self.tensor_kinds.get(tv)
-        if n is None:
-            n = self.tensor_kinds[tv] = 2 * self.numel.signature_number(tv) + annotated_sum(tv)
-        return n
 
 
 def _communication(step, src: TensorView, dst: TensorView) -> Expr:
