@@ -109,8 +109,10 @@ cdef class Engine:
     @cython.locals(m=Choice, targets=set)
     cpdef list _easy(self)
 
+    @cython.locals(order=tuple)
     cpdef _push_conflict(self, tv)
 
+    @cython.locals(heap=list, top=tuple, current=tuple)
     cpdef _next_conflict(self)
 
     @cython.locals(m=Choice)

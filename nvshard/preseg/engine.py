@@ -280,21 +280,26 @@ class Engine:
         return []
 
     def _push_conflict(self, tv) -> None:
-        heapq.heappush(self._conflict_heap, (self._conflict_order(tv), self._heap_counter, tv))
+        # One flat entry (the order's four parts, a counter, the tensor): the
+        # heap compares entries without a nested tuple, in the same order.
+        order = self._conflict_order(tv)
+        heapq.heappush(self._conflict_heap, (order[0], order[1], order[2], order[3], self._heap_counter, tv))
         self._heap_counter += 1
 
     def _next_conflict(self):
         """The conflicted tensor to resolve first: lowest priority number, then
         the shallowest, then a structural key (independent of op order)."""
         self._reclassify()
-        while self._conflict_heap:
-            key, _, tv = self._conflict_heap[0]
+        heap = self._conflict_heap
+        while heap:
+            top = heap[0]
+            tv = top[5]
             if tv not in self._conflicted:
-                heapq.heappop(self._conflict_heap)
+                heapq.heappop(heap)
                 continue
             current = self._conflict_order(tv)
-            if current != key:
-                heapq.heappop(self._conflict_heap)
+            if current[0] != top[0] or current[1] != top[1] or current[2] != top[2] or current[3] != top[3]:
+                heapq.heappop(heap)
                 self._push_conflict(tv)
                 continue
             return tv
