@@ -94,7 +94,8 @@ cdef class Engine:
                    origin=TensorEntry, t=TensorEntry)
     cpdef set _spread(self, list frontier)
 
-    @cython.locals(d=Decision, other=Decision, used=frozenset, mesh_axes=frozenset, j=Py_ssize_t, o=tuple)
+    @cython.locals(d=Decision, other=Decision, used=frozenset, mesh_axes=frozenset, j=Py_ssize_t, o=tuple,
+                   taken=list)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
     @cython.locals(m=Choice, stale=set, easy=list, competing=list, stages=set, targets=set)

@@ -742,7 +742,7 @@ class Engine:
             for offers in per_axis.values():
                 if len(offers) == 1:
                     return True
-        taken = None  # the mesh axes the arriving layouts take (no copy of `used` to grow)
+        taken = []  # the mesh axes each arriving layout takes (disjoint so far: no union to make)
         for offers in per_axis.values():
             d, mesh = offers[0][0], offers[0][1]
             mesh_axes, key = d.mesh_axes, d.key
@@ -753,12 +753,10 @@ class Engine:
                     return False
             if used and not used.isdisjoint(mesh_axes):  # (most targets have no axis decided yet)
                 return False
-            if taken is None:
-                taken = mesh_axes
-            elif taken.isdisjoint(mesh_axes):
-                taken = taken | mesh_axes
-            else:
-                return False
+            for j in range(len(taken)):
+                if not mesh_axes.isdisjoint(taken[j]):
+                    return False
+            taken.append(mesh_axes)
         return True
 
     def _offer(self, t: TensorEntry, per_axis: dict) -> list:
