@@ -77,7 +77,8 @@ cdef class ConflictResolver:
                    e=Expr, o=TensorView)
     cpdef _cost(self, tv, list chosen, list around)
 
-    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, outs=list, whole=bint, other=Expr, entry=TensorEntry)
+    @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, outs=list, whole=bint, other=Expr, entry=TensorEntry,
+                   position=Py_ssize_t)
     cpdef tuple _sharing(self, Expr expr, operand)
 
     @cython.locals(m=Choice, c=Choice, opts=list, unique=dict, fits=bint)
@@ -85,6 +86,9 @@ cdef class ConflictResolver:
 
 
 cpdef object _numbered(dict numbers, value)
+
+@cython.locals(i=Py_ssize_t)
+cpdef Py_ssize_t _position(list tensors, tv) except -1
 
 @cython.locals(d=Decision)
 cpdef list _layouts(TensorEntry entry)

@@ -368,9 +368,9 @@ class ConflictResolver:
         rule that read it in the same place and are not decided yet, and expr."""
         engine = self.engine
         made, sharers = set(), 1
-        position = expr.tv_inputs.index(operand)
+        position = _position(expr.tv_inputs, operand)
         shape = None  # expr's rule as text (read only when another consumer reads the operand in its place)
-        for other in engine.p.consumers.get(operand, []):
+        for other in engine.p._indexed()[1].get(operand, []):  # (the consumers, without the property's call)
             if other is expr or not other.tv_outputs:
                 continue
             outs = [engine.entries[o] for o in other.tv_outputs]
@@ -383,8 +383,8 @@ class ConflictResolver:
                 rule = engine.p.rule(other)
                 results = [new_state(entry.mesh, [d.digits for d in entry.decided]) for entry in outs]
                 compute = plan_compute(other, results, rule)
-                made.add(compute.operands[other.tv_inputs.index(operand)].key())
-            elif other.tv_inputs.index(operand) == position:
+                made.add(compute.operands[_position(other.tv_inputs, operand)].key())
+            elif _position(other.tv_inputs, operand) == position:
                 if shape is None:
                     shape = rule_text(engine.p.rule(expr))
                 if rule_text(engine.p.rule(other)) == shape:
@@ -441,6 +441,15 @@ def _numbered(numbers: dict, value) -> int:
     if n is None:
         n = numbers[value] = len(numbers)
     return n
+
+
+def _position(tensors: list, tv) -> int:
+    """tensors.index(tv) (a loop by identity, as TensorViews compare: compiled,
+    a C loop rather than a method called through Python's protocol)."""
+    for i in range(len(tensors)):
+        if tensors[i] is tv:
+            return i
+    raise ValueError(f"{tv} is not among {tensors}")
 
 
 def _layouts(entry) -> list:
