@@ -12,6 +12,7 @@ from nvshard.preseg.log cimport Decision
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
 from nvshard.preseg.proposals cimport Choice, Proposal, compete
+from nvshard.preseg.reshard cimport numbered
 
 
 cdef class ByCost:
@@ -85,7 +86,6 @@ cdef class ConflictResolver:
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)
 
 
-cpdef object _numbered(dict numbers, value)
 
 @cython.locals(i=Py_ssize_t)
 cpdef Py_ssize_t _position(list tensors, tv) except -1

@@ -30,6 +30,7 @@ from .cost import Cost
 from .program import new_state
 from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
+from .reshard import numbered
 
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
 _NOTHING_DROPPED = float("inf")  # a candidate's dropped priority when it leaves nothing out
@@ -250,7 +251,7 @@ class ConflictResolver:
                 parts.append(place[t])
                 parts.append(len(made))
                 if made:
-                    parts.extend(sorted([_numbered(self._numbers, k) for k in made]))
+                    parts.extend(sorted([numbered(self._numbers, k) for k in made]))
                 parts.append(sharers)
         return tuple(parts), tensors, sharing
 
@@ -283,7 +284,7 @@ class ConflictResolver:
             return -1
         if mesh is self._last_mesh:  # (the common case: one mesh object throughout)
             return self._last_mesh_number
-        n = _numbered(self._numbers, mesh)
+        n = numbered(self._numbers, mesh)
         self._last_mesh, self._last_mesh_number = mesh, n
         return n
 
@@ -311,7 +312,7 @@ class ConflictResolver:
             tensors, place, expr_places = placed
             fixed = [len(adjacent)]
             for i in range(len(adjacent)):  # (rules may change with the sizes: read per plan)
-                fixed.append(_numbered(self._numbers, (rule_text(engine.p.rule(adjacent[i])), expr_places[i])))
+                fixed.append(numbered(self._numbers, (rule_text(engine.p.rule(adjacent[i])), expr_places[i])))
             fixed.append(len(tensors))
             for i in range(len(tensors)):
                 fixed.append(self.cost.signature_number(tensors[i]))
@@ -433,14 +434,6 @@ class ConflictResolver:
         if out.logical[k].is_reduction() and any(rule.factors[f].kind is not FactorKind.SUM for f in factors):
             return None
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
-
-
-def _numbered(numbers: dict, value) -> int:
-    """value's number in `numbers` (the next one when it is new)."""
-    n = numbers.get(value)
-    if n is None:
-        n = numbers[value] = len(numbers)
-    return n
 
 
 def _position(tensors: list, tv) -> int:

@@ -49,7 +49,7 @@ class _Rewrite:
         # comparing a question reads a few ints, not nested tuples.
         self.layout_key_numbers: dict = {}  # a layout key -> its number
         self.codes: dict = {}  # tv -> (its state, its code in that state) (_tensor_code)
-        self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_numbers)
+        self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_number)
         self.mesh_numbers: dict = {}  # a mesh -> its number
         self.last_mesh, self.last_mesh_number = None, -1  # the mesh numbered last, and its number
 
