@@ -16,6 +16,7 @@ cdef class AxisFactors:
     cdef public str names
 
 from nvshard.preseg.program cimport TvState, new_state
+from nvshard.preseg.reshard cimport numbered
 
 @cython.locals(k=Py_ssize_t)
 cpdef bint same_state(TvState a, TvState b) except -1
@@ -29,7 +30,6 @@ cpdef dict tensor_places(Expr expr, rule)
 @cython.locals(first=dict, places=list, tensors=list, i=Py_ssize_t)
 cpdef tuple question_head(Expr expr, rule)
 
-@cython.locals(head=tuple)
 cpdef object question_head_number(Expr expr, rule)
 
 cpdef bint annotated_sum(tv) except -1

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .program import TvState, new_state
+from .reshard import numbered
 
 # (read in inner loops: an Enum class's attribute read is slow on Python 3.11)
 _REPLICATED = FactorKind.REPLICATED
@@ -400,11 +401,7 @@ def question_head_number(expr, rule) -> int:
     question hashes and compares one int for the head."""
     n = rule.cache.get("question head number")
     if n is None:
-        head = question_head(expr, rule)
-        n = _HEAD_NUMBERS.get(head)
-        if n is None:
-            n = _HEAD_NUMBERS[head] = len(_HEAD_NUMBERS)
-        rule.cache["question head number"] = n
+        n = rule.cache["question head number"] = numbered(_HEAD_NUMBERS, question_head(expr, rule))
     return n
 
 
