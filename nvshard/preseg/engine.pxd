@@ -18,7 +18,7 @@ from nvshard.preseg.proposals cimport (Choice, Opinion, Proposal, compete, cross
 
 cdef class TensorEntry:
     cdef public TensorView tv
-    cdef public object number
+    cdef public Py_ssize_t number
     cdef public list decided
     cdef public object mesh, home
     cdef public bint frozen
@@ -90,9 +90,8 @@ cdef class Engine:
     cpdef _record(self, TensorEntry t, mesh, Decision decision)
 
     @cython.locals(d=Decision, end=End, alone=tuple, entries=dict, arriving=dict, per_axis=dict,
-                   classes=PassThroughClasses, offers=list, pair=tuple, changed=set, axis=Py_ssize_t,
-                   origin=TensorEntry, t=TensorEntry)
-    cpdef set _spread(self, list frontier)
+                   classes=PassThroughClasses, offers=list, axis=Py_ssize_t, origin=TensorEntry, t=TensorEntry)
+    cpdef _spread(self, list frontier)
 
     @cython.locals(d=Decision, other=Decision, used=frozenset, mesh_axes=frozenset, j=Py_ssize_t, o=tuple,
                    taken=list)
@@ -137,8 +136,8 @@ cdef class Engine:
     @cython.locals(m=Choice)
     cpdef _apply_easy(self, list items)
 
-    @cython.locals(decided=list, exprs=dict, entries=dict, t=TensorEntry, internal=set)
-    cpdef _after_change(self, set changed)
+    @cython.locals(decided=list, exprs=dict, t=TensorEntry, internal=set)
+    cpdef _after_change(self)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
                    meshes=dict)
@@ -152,6 +151,9 @@ cdef class Engine:
 
 
 cpdef tuple _expr_structure(Expr expr, rule)
+
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, t=TensorEntry)
+cpdef list _in_number_order(list entries)
 
 @cython.locals(o=Choice)
 cpdef bint _competes(Choice m, list choices) except -1

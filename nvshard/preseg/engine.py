@@ -638,7 +638,6 @@ class Engine:
 
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason="") -> None:
-        changed = set()
         spreading = []
         entries = self.entries
         for tv, m in items:
@@ -646,12 +645,11 @@ class Engine:
             if t.decided[m.axis] is not None:
                 continue
             self._decide(t, m, reason)
-            changed.add(tv)
             if m.digits and self.classes.of(tv, m.axis) is not None:
                 spreading.append((t, m.axis))
         if spreading:
-            changed |= self._spread(spreading)
-        self._after_change(changed)
+            self._spread(spreading)
+        self._after_change()
 
     def _decide(self, t: TensorEntry, m: Choice, reason) -> None:
         key = self._layout_facts(m.digits)[1]
@@ -680,7 +678,7 @@ class Engine:
         if t.classified is not None or t.by_expr is not None:
             self._invalidate(t)
 
-    def _spread(self, frontier: list) -> set:
+    def _spread(self, frontier: list) -> None:
         """Carry decisions along their pass-through classes' links, a link
         layer at a time, as proposals would (same stage, sources and log),
         without recomputing any expr's proposals. An axis takes the layout
@@ -688,9 +686,9 @@ class Engine:
         layouts arriving in this layer, its tensor's other axes); otherwise
         the layout becomes an ordinary proposal for the axis and the wave
         stops there, for the conflict to be resolved like any other.
-        `frontier`: [(TensorEntry, axis)] just decided. Returns the tensors decided."""
+        `frontier`: [(TensorEntry, axis)] just decided. Every decision is
+        recorded (_record), so _after_change finds the tensors it reached."""
         entries, classes = self.entries, self.classes
-        changed = set()
         while frontier:
             arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, (source tv,), End)]}
             for origin, axis in frontier:
@@ -713,7 +711,7 @@ class Engine:
                     per_axis.setdefault(end.axis, []).append((d, mesh, alone, end))
             frontier = []
             # (one tensor, one axis: the common case, no sort to call)
-            for t in (sorted(arriving, key=_NUMBER) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
+            for t in (_in_number_order(list(arriving)) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
                 per_axis = arriving[t]
                 if t.by_expr is not None or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)
@@ -730,9 +728,6 @@ class Engine:
                     self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT, "",
                                                        d.mesh_axes, d.key))
                     frontier.append((t, axis))
-            for pair in frontier:
-                changed.add(pair[0].tv)
-        return changed
 
     def _uncontested(self, t: TensorEntry, per_axis: dict) -> bool:
         """One layout arrives per axis, and the mesh axes they use are free
@@ -789,16 +784,14 @@ class Engine:
                 choices, reason = self.resolver.weigh_partial_sum(tv, m)
                 self._apply([(tv, c) for c in choices], reason)
 
-    def _after_change(self, changed: set) -> None:
+    def _after_change(self) -> None:
+        """Re-derives the proposals of the exprs adjacent to the tensors
+        decided since the last call (_record lists each once), visited in
+        number order (every rank of a job must build the same plan)."""
         decided, self._changed = self._changed, []
         exprs: dict = {}
-        entries = self.entries
         internal = self.classes.internal
-        # (_apply and _spread report every tensor they decide; adding the recorded ones guards that)
-        for t in decided:
-            changed.add(t.tv)
-        for tv in sorted(changed, key=_NUMBER):
-            t = entries[tv]
+        for t in _in_number_order(decided):
             self._invalidate(t)
             for e in t.adjacent:
                 if e not in internal:  # (_refresh would skip it: its axes hear of each other through their class)
@@ -838,6 +831,24 @@ def _expr_structure(expr, rule) -> tuple:
         kinds = [f.kind for f in rule.factors]
         cached = rule.cache["engine_structure"] = (axis_factors(expr, rule), kinds, FactorKind.SUM in kinds)
     return cached
+
+
+def _in_number_order(entries: list) -> list:
+    """entries (TensorEntry, numbers distinct) sorted by number, in place:
+    the few a step decides by insertion (compiled, C comparisons of typed
+    numbers), many by list.sort."""
+    n = len(entries)
+    if n > 16:
+        entries.sort(key=_NUMBER)
+        return entries
+    for i in range(1, n):
+        t = entries[i]
+        j = i - 1
+        while j >= 0 and entries[j].number > t.number:
+            entries[j + 1] = entries[j]
+            j -= 1
+        entries[j + 1] = t
+    return entries
 
 
 def _competes(m, choices) -> bool:
