@@ -74,7 +74,7 @@ cdef class Engine:
     @cython.locals(s=AxisFactors, d=Decision, t=TensorEntry)
     cpdef _pending_options(self, f, ops, slots)
 
-    @cython.locals(p=Proposal, m=Choice, merged=dict, decided=list)
+    @cython.locals(p=Proposal, m=Choice, c=Choice, merged=list, keys=list, decided=list, j=Py_ssize_t)
     cpdef list valid(self, TensorEntry t)
 
     @cython.locals(classified=tuple)

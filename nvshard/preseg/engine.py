@@ -575,11 +575,13 @@ class Engine:
 
     # -- classification ---------------------------------------------------------------------------
     def valid(self, t: TensorEntry) -> list:
-        """The tensor's proposals that still fit it, merged into one Choice per layout."""
-        merged: dict = {}
+        """The tensor's proposals that still fit it, merged into one Choice per
+        layout (axis, layout key and mesh), in the order first proposed."""
         by_expr = t.by_expr
         if not by_expr:
             return []
+        merged = []
+        keys = []  # each merged choice's layout key (a tensor has a few choices: found by a scan, no tuple hashed)
         used_it, used_red = self.used(t, False), self.used(t, True)
         decided, own_mesh = t.decided, t.mesh or t.home
         for props in by_expr.values():
@@ -591,22 +593,29 @@ class Engine:
                 used = used_red if p.reduction else used_it
                 digits = p.digits
                 if used.isdisjoint(p.mesh_axes):
-                    key = (p.axis, p.key, p.mesh)
+                    key = p.key
                 else:
                     # keep the outer part that still fits (Shardy's longest compatible prefix)
                     digits = layout.keep_outer(digits, used, p.mesh.axis_sizes())
                     if not digits:
                         continue
-                    key = (p.axis, layout.key(digits), p.mesh)
-                m = merged.get(key)
+                    key = layout.key(digits)
+                m = None
+                for j in range(len(merged)):
+                    c = merged[j]
+                    if c.axis == p.axis and (c.mesh is p.mesh or c.mesh == p.mesh) and keys[j] == key:
+                        m = c
+                        break
                 if m is None:
-                    m = merged[key] = new_choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
-                                                 p.mesh_axes if digits is p.digits else None)
+                    m = new_choice(p.axis, digits, p.mesh, p.priority, p.stage, p.reduction,
+                                   p.mesh_axes if digits is p.digits else None)
+                    merged.append(m)
+                    keys.append(key)
                 elif p.priority < m.priority or p.stage < m.stage:
                     m.priority = min(m.priority, p.priority)
                     m.stage = min(m.stage, p.stage)
                 m.sources.append(p)
-        return list(merged.values())
+        return merged
 
     def classify(self, tv):
         """(easy, competing): tv's choices that nothing competes with, and the rest."""
