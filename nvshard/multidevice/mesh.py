@@ -43,6 +43,7 @@ class DeviceMesh:
         self._text = None  # repr, made when first asked for (logs and orderings ask often)
         self._hash = hash((self._shape, tuple(flat)))
         names = layout.MESH_AXES[: tensor.dim()][::-1]
+        self._names = names  # (the checks of every plan read them: kept, not sliced per read)
         self._sizes = {name: int(tensor.shape[i]) for i, name in enumerate(names)}  # read-only
 
     # -- nvfuser_direct API ----------------------------------------------------
@@ -56,7 +57,7 @@ class DeviceMesh:
 
     @property
     def ndim(self) -> int:
-        return self._devices.dim()
+        return len(self._shape)
 
     @property
     def devices(self) -> torch.Tensor:
@@ -85,7 +86,7 @@ class DeviceMesh:
     @property
     def axis_names(self) -> tuple:
         """Mesh axis names, outermost first: ("z", "y", "x") for a 3-D mesh."""
-        return layout.MESH_AXES[: self.ndim][::-1]
+        return self._names
 
     def axis_size(self, name: str) -> int:
         return self._sizes[name]

@@ -152,7 +152,7 @@ cdef class Engine:
 
 cpdef tuple _expr_structure(Expr expr, rule)
 
-@cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, t=TensorEntry)
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, t=TensorEntry, before=TensorEntry)
 cpdef list _in_number_order(list entries)
 
 @cython.locals(o=Choice)

@@ -362,7 +362,8 @@ class Engine:
             crossed = set()
             for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
                 s = slots[i]
-                axes = slot_entries[i].changed_axes
+                t = slot_entries[i]
+                axes = t.changed_axes
                 if axes is not None and s.axis in axes:
                     crossed.update(s.factors)
         # linked axes reach each other through their class (_spread), not here
@@ -853,8 +854,11 @@ def _in_number_order(entries: list) -> list:
     for i in range(1, n):
         t = entries[i]
         j = i - 1
-        while j >= 0 and entries[j].number > t.number:
-            entries[j + 1] = entries[j]
+        while j >= 0:
+            before = entries[j]
+            if before.number < t.number:
+                break
+            entries[j + 1] = before
             j -= 1
         entries[j + 1] = t
     return entries

@@ -3,7 +3,7 @@
 
 import cython
 
-from nvshard.ir.nodes cimport IterDomain
+from nvshard.ir.nodes cimport Expr, IterDomain
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport TvState
 
@@ -13,3 +13,6 @@ cpdef _check_divisibility(dict propagated, sizes)
 
 @cython.locals(i=Py_ssize_t, pair=tuple)
 cpdef bint _met(list pairs, size, mesh) except -1
+
+@cython.locals(expr=Expr, out=list)
+cpdef list _communicating(list exprs)

@@ -63,9 +63,7 @@ class Plan:
         # layers reshard alike, and their steps are one object (reshard.py
         # shares plans); the entry keeps the step alive, so its id is not reused
         per_step: dict = {}
-        for expr in self.program.exprs:
-            if not expr.op.is_communication or expr.op.collective.local:
-                continue
+        for expr in _communicating(self.program.exprs):
             step = expr.attrs["step"]
             src = expr.inputs[0]
             known = per_step.get(id(step))
@@ -162,6 +160,18 @@ class Plan:
                 f"the fusion's meshes use devices {sorted(devs)}, but this job has {world_size} process(es); "
                 f"launch with mpirun -np {max(devs) + 1}, or run the ranks in one process with nvshard.simulate"
             )
+
+
+def _communicating(exprs: list) -> list:
+    """The exprs that move data between devices (communications that are
+    not local), in program order (a typed loop: compiled, each expr's op is
+    read as a struct field)."""
+    out = []
+    for expr in exprs:
+        op = expr.op
+        if op.is_communication and not op.collective.local:
+            out.append(expr)
+    return out
 
 
 def _check_divisibility(propagated: dict, sizes) -> None:
