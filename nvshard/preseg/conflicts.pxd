@@ -55,7 +55,7 @@ cdef class ConflictResolver:
     cpdef tuple _costs(self, tv, list candidates)
 
     @cython.locals(engine=Engine, cost=CostModel, parts=list, seen=set, entries=dict, shared=dict, sharing=list,
-                   place=dict, e=Expr, o=TensorView, own=TensorEntry, i=Py_ssize_t)
+                   place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t)
     cpdef tuple _question(self, tv, list candidates)
 
     @cython.locals(d=Decision, decided=list, k=Py_ssize_t)
@@ -67,11 +67,11 @@ cdef class ConflictResolver:
     cpdef object _mesh_number(self, mesh)
 
     @cython.locals(engine=Engine, tensors=list, place=dict, fixed=list, ends=list, e=Expr, adjacent=list,
-                   placed=tuple, expr_places=list, i=Py_ssize_t)
+                   placed=tuple, expr_places=list, i=Py_ssize_t, own=TensorEntry)
     cpdef tuple _neighbourhood(self, tv)
 
     @cython.locals(entries=dict, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,
-                   i=Py_ssize_t)
+                   i=Py_ssize_t, own=TensorEntry)
     cpdef list _around(self, tv, list sharing)
 
     @cython.locals(entry=TensorEntry, m=Choice, layouts=list, states=dict, options=dict, others=dict,

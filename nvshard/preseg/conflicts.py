@@ -237,7 +237,8 @@ class ConflictResolver:
                     seen.add(t)
                     self._add_state(parts, entries[t])
             for o in e.tv_outputs:
-                if _any_none(entries[o].decided):
+                result = entries[o]
+                if _any_none(result.decided):
                     self._add_choices(parts, engine.current_choices(o))
                 else:
                     parts.append(-1)  # (no count is negative)
@@ -297,7 +298,8 @@ class ConflictResolver:
         known = self._neighbourhoods.get(tv)
         if known is None:
             engine = self.engine
-            adjacent = engine.entries[tv].adjacent
+            own = engine.entries[tv]
+            adjacent = own.adjacent
             placed = self._places.get(tv)
             if placed is None:  # (the first plan of the fusion)
                 tensors, place, expr_places = [tv], {tv: 0}, []
@@ -326,7 +328,8 @@ class ConflictResolver:
         _question found it."""
         entries = self.engine.entries
         around = []
-        adjacent = entries[tv].adjacent
+        own = entries[tv]
+        adjacent = own.adjacent
         for i in range(len(adjacent)):  # (an index loop: compiled, no tuple per pair)
             e = adjacent[i]
             others = {}

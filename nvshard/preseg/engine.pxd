@@ -116,7 +116,7 @@ cdef class Engine:
     cpdef _next_conflict(self)
 
     @cython.locals(m=Choice)
-    cpdef tuple _conflict_order(self, tv)
+    cpdef tuple _conflict_order(self, TensorView tv)
 
     @cython.locals(mesh=DeviceMesh)
     cpdef bint _closed(self, TensorEntry t) except -1
@@ -133,7 +133,7 @@ cdef class Engine:
 
     cpdef _decide(self, TensorEntry t, Choice m, reason)
 
-    @cython.locals(m=Choice)
+    @cython.locals(m=Choice, t=TensorEntry)
     cpdef _apply_easy(self, list items)
 
     @cython.locals(decided=list, exprs=dict, t=TensorEntry, internal=set)

@@ -790,7 +790,8 @@ class Engine:
         pending = [(tv, m) for tv, m in items if m.reduction and m.digits]
         self._apply([(tv, m) for tv, m in items if not (m.reduction and m.digits)])
         for tv, m in pending:
-            if self.entries[tv].decided[m.axis] is None:
+            t = self.entries[tv]
+            if t.decided[m.axis] is None:
                 choices, reason = self.resolver.weigh_partial_sum(tv, m)
                 self._apply([(tv, c) for c in choices], reason)
 

@@ -32,7 +32,10 @@ cpdef tuple question_head(Expr expr, rule)
 
 cpdef object question_head_number(Expr expr, rule)
 
-cpdef bint annotated_sum(tv) except -1
+cpdef bint annotated_sum(TensorView tv) except -1
+
+@cython.locals(id_=IterDomain)
+cpdef bint _has_reduction(TensorView tv) except -1
 
 @cython.locals(a=AxisFactors)
 cpdef AxisFactors new_axis_factors(TensorView tv, role, Py_ssize_t position, Py_ssize_t axis, tuple factors,
