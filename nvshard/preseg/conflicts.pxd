@@ -10,7 +10,7 @@ from nvshard.preseg.cost cimport Cost, CostModel
 from nvshard.preseg.engine cimport Engine, TensorEntry
 from nvshard.preseg.log cimport Decision
 from nvshard.preseg.program cimport TvState, new_state
-from nvshard.preseg.projection cimport join_axis, plan_compute, project, rule_text, tensor_axes
+from nvshard.preseg.projection cimport ComputePlan, join_axis, plan_compute, project, rule_text, tensor_axes
 from nvshard.preseg.proposals cimport Choice, Proposal, compete
 from nvshard.preseg.reshard cimport numbered
 
@@ -79,7 +79,7 @@ cdef class ConflictResolver:
     cpdef _cost(self, tv, list chosen, list around)
 
     @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, outs=list, whole=bint, other=Expr, entry=TensorEntry,
-                   position=Py_ssize_t)
+                   position=Py_ssize_t, compute=ComputePlan)
     cpdef tuple _sharing(self, Expr expr, operand)
 
     @cython.locals(m=Choice, c=Choice, opts=list, unique=dict, fits=bint)

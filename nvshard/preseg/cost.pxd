@@ -8,8 +8,8 @@ from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state
 from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
-from nvshard.preseg.projection cimport (annotated_sum, arriving_state, operand_plans, plan_compute, resolved,
-                                        question_head, results_mesh, reuses_mesh_axis, same_state,
+from nvshard.preseg.projection cimport (ComputePlan, annotated_sum, arriving_state, operand_plans, plan_compute,
+                                        resolved, question_head, results_mesh, reuses_mesh_axis, same_state,
                                         tensor_places)
 
 
@@ -71,7 +71,7 @@ cdef class CostModel:
     cpdef _expr_cost(self, Expr expr, dict states, dict options, shared)
 
     @cython.locals(o=TensorView, tv=TensorView, actual=TvState, required=TvState, weight=double, other=double,
-                   steps=list, cost=Cost,
+                   steps=list, cost=Cost, compute=ComputePlan,
                    inputs=list, operands=list, outputs=list, results=list, i=Py_ssize_t, layouts=list,
                    k=Py_ssize_t)
     cpdef _run_cost(self, Expr expr, list actuals, dict outs, shared, list alternatives)

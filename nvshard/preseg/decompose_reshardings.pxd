@@ -5,7 +5,8 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
-from nvshard.preseg.projection cimport annotated_sum, plan_compute, question_head_number, resolved, same_state
+from nvshard.preseg.projection cimport (ComputePlan, annotated_sum, plan_compute, question_head_number, resolved,
+                                        same_state)
 from nvshard.preseg.cost cimport reshard_bytes
 
 
@@ -17,7 +18,7 @@ cdef class _Rewrite:
     cdef public dict resharded, plans, layout_keys, codes, layout_key_numbers, mesh_numbers
     cdef public object last_mesh, last_mesh_number
 
-    @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list)
+    @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list, compute=ComputePlan)
     cpdef run(self)
 
     @cython.locals(state=TvState, named=list, key=tuple)

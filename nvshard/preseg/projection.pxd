@@ -18,6 +18,12 @@ cdef class AxisFactors:
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.reshard cimport numbered
 
+cdef class ComputePlan:
+    cdef public object mesh
+    cdef public dict factors
+    cdef public list operands, results
+
+
 @cython.locals(k=Py_ssize_t)
 cpdef bint same_state(TvState a, TvState b) except -1
 @cython.locals(id_=IterDomain, layouts=list, k=Py_ssize_t, pending=bint)

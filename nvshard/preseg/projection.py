@@ -19,6 +19,11 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+try:
+    import cython
+except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
+    from ..native import PythonDirectives as cython
+
 from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .program import TvState, new_state
@@ -227,16 +232,26 @@ def resolved(tv, state: TvState) -> TvState:
     return new_state(state.mesh, layouts)
 
 
-@dataclass(slots=True)
+@cython.cclass
+@dataclass(init=False)
 class ComputePlan:
     """How one expr computes: the layout of every factor, how each operand
     must arrive and how each result comes out (pending sums on its
-    reduction axes), on one mesh."""
+    reduction axes), on one mesh. (Compiled, a record whose fields the
+    decomposition and the costs read as struct fields.)"""
+
+    __slots__ = ("mesh", "factors", "operands", "results")
 
     mesh: object
     factors: dict  # factor -> layout
     operands: list  # TvState per TensorView operand
     results: list  # TvState per result, as computed
+
+    def __init__(self, mesh, factors: dict, operands: list, results: list):
+        self.mesh = mesh
+        self.factors = factors
+        self.operands = operands
+        self.results = results
 
 
 def factor_layouts(expr, result_states: list, rule) -> dict:
