@@ -1,5 +1,7 @@
 import cython
 
+from nvshard.multidevice cimport layout
+
 # Every pass asks axes whether they are reductions or broadcasts: as an
 # extension type those are C methods reading a struct field.
 cdef class IterDomain:
@@ -27,6 +29,10 @@ cdef class TensorView(Val):
     cdef public object contiguity, stride_order, is_cpu, memory_type, printed_memory
 
     cpdef list non_reduction_axes(self)
+
+    @cython.locals(by_axis=list, loop=list, leaves=list, result=list, digits=list, id_=IterDomain,
+                   leaf=IterDomain, axis=Py_ssize_t, i=Py_ssize_t)
+    cpdef list layouts(self)
 
 
 cdef class Expr:

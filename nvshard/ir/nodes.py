@@ -379,17 +379,27 @@ class TensorView(Val):
         return self in self.fusion._outputs
 
     def layouts(self) -> list:
-        """Per logical axis, the layout its loop domain describes."""
-        by_axis: dict[int, list[IterDomain]] = {i: [] for i in range(len(self.logical))}
-        for id_ in self.loop:
-            by_axis[id_.logical_axis].append(id_)
-        result = []
+        """Per logical axis, the layout its loop domain describes. (Typed
+        loops: compiled, every plan reads the layouts of every annotated
+        tensor.)"""
+        by_axis = []  # per logical axis, its loop leaves
         for axis in range(len(self.logical)):
+            by_axis.append([])
+        loop = self.loop
+        for i in range(len(loop)):
+            id_ = loop[i]
+            leaves = by_axis[id_.logical_axis]
+            leaves.append(id_)
+        result = []
+        for axis in range(len(by_axis)):
             leaves = by_axis[axis]
             if len(leaves) > 1:
                 leaves.sort(key=_path)
-            # (a device dim's mesh axis is its parallel type's value)
-            digits = [leaf.parallel_type._value_ if leaf.is_device_dim() else leaf.extent() for leaf in leaves]
+            digits = []
+            for i in range(len(leaves)):
+                leaf = leaves[i]
+                # (a device dim's mesh axis is its parallel type's value)
+                digits.append(leaf.parallel_type._value_ if leaf.is_device_dim() else leaf.extent())
             result.append(layout.normalize(digits))
         return result
 

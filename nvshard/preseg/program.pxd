@@ -38,3 +38,9 @@ cdef class Program:
 
 @cython.locals(e=Expr, o=TensorView, i=TensorView, readers=list, producer=dict, consumers=dict)
 cpdef tuple _index(list exprs, tvs)
+
+@cython.locals(static=bint)
+cpdef _concrete(TensorView tv, Py_ssize_t k, digits, sizes)
+
+@cython.locals(tv=TensorView, state=dict, replicated=dict, layouts=list, k=Py_ssize_t, n=Py_ssize_t)
+cpdef dict _initial_states(list tvs, sizes)

@@ -92,27 +92,8 @@ class Program:
         self.inputs = fusion.inputs()
         self.input_set = set(self.inputs)
         self.outputs = fusion.outputs()
-        self.state: dict[TensorView, TvState] = {}
+        self.state: dict[TensorView, TvState] = _initial_states(fusion.tvs(), sizes)
         state = self.state
-        # Unplaced tensors of one rank share one replicated state (read only:
-        # passes give a tensor a new state, never change one in place; the
-        # legacy pass, which does, copies them first). Propagation replaces
-        # nearly all of them: per tensor, no state to make now and free cold later.
-        replicated: dict = {}
-        for tv in fusion.tvs():
-            mesh = tv.mesh
-            if mesh is None:
-                n = len(tv.logical)
-                shared = replicated.get(n)
-                if shared is None:
-                    shared = replicated[n] = TvState(None, [()] * n)
-                state[tv] = shared
-                continue
-            layouts = tv.layouts()
-            if sizes is not None:
-                # concrete block sizes, so equal layouts compare equal
-                layouts = [_concrete(tv, k, d, sizes) for k, d in enumerate(layouts)]
-            state[tv] = TvState(mesh, layouts)
         self._tv_counter = fusion._tv_counter
         self._id_counter = fusion._id_counter
         self._rendered: dict = {}
@@ -259,7 +240,44 @@ def _index(exprs: list, tvs) -> tuple:
     return producer, consumers
 
 
+def _initial_states(tvs: list, sizes) -> dict:
+    """Each tensor's state as annotated (concrete block sizes where `sizes`
+    are). Unplaced tensors of one rank share one replicated state (read
+    only: passes give a tensor a new state, never change one in place; the
+    legacy pass, which does, copies them first). Propagation replaces
+    nearly all of them: per tensor, no state to make now and free cold later."""
+    state = {}
+    replicated: dict = {}
+    for tv in tvs:
+        mesh = tv.mesh
+        if mesh is None:
+            n = len(tv.logical)
+            shared = replicated.get(n)
+            if shared is None:
+                shared = replicated[n] = new_state(None, [()] * n)
+            state[tv] = shared
+            continue
+        layouts = tv.layouts()
+        if sizes is not None:
+            # concrete block sizes, so equal layouts compare equal
+            for k in range(len(layouts)):  # (an index loop: compiled, a C call per sharded axis)
+                if layouts[k]:
+                    layouts[k] = _concrete(tv, k, layouts[k], sizes)
+        state[tv] = new_state(mesh, layouts)
+    return state
+
+
 def _concrete(tv: TensorView, k: int, digits, sizes):
+    """An annotated layout with its local blocks evaluated (`digits` as
+    TensorView.layouts gives them: normalized). Blocks that are static
+    ints already are: the layout is returned as it is."""
+    static = True
+    for d in digits:
+        if not isinstance(d, str) and (d.syms or type(d.key()[0]) is not int):
+            static = False
+            break
+    if static:
+        return digits
     try:
         return layout.concrete(digits, sizes)
     except (NvShardError, ValueError, KeyError):
