@@ -45,7 +45,7 @@ class SizeEvaluator:
             if got != extent:
                 raise NvShardError(f"{tv.short_name()}: axis {axis} has extent {extent}, but the fusion requires {size} = {got}")
         # What only concrete sizes can check: a reshape's new shape, a squeezed symbolic axis.
-        for expr in fusion.exprs:
+        for expr in fusion.kept("exprs that check sizes", _checking_sizes, fusion):
             expr.op.check_sizes(expr, self)
 
     def _bind(self, size: Size, extent: int, tv: TensorView, axis: int) -> None:
@@ -137,3 +137,9 @@ class SizeEvaluator:
         return result
 
     # SizeOp.evaluate calls ctx.evaluate_size; scalar arithmetic ignores ctx.
+
+
+def _checking_sizes(fusion) -> list:
+    """The fusion's exprs whose op checks concrete sizes (OpSpec.checks_sizes;
+    most check nothing)."""
+    return [e for e in fusion.exprs if e.op.checks_sizes]

@@ -104,6 +104,13 @@ class OpSpec:
     # of its operands and asks ctx nothing about shapes: it may run in chunks
     # along a stream-parallel axis (runtime/streams.py)
     chunkable = False
+    # whether check_sizes checks anything: set for each subclass, true where
+    # it overrides check_sizes (a plan asks only those ops' exprs)
+    checks_sizes = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.checks_sizes = cls.check_sizes is not OpSpec.check_sizes
 
     def __init__(self, name: str, *, rule=None, evaluate=None, format=None, legacy_reference_order=None):
         self.name = name
