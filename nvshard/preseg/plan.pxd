@@ -3,12 +3,13 @@
 
 import cython
 
-from nvshard.ir.nodes cimport Expr, IterDomain
+from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport TvState
 
 
-@cython.locals(state=TvState, id_=IterDomain, checked=set, seen=dict, entry=tuple, logical=list, k=Py_ssize_t)
+@cython.locals(state=TvState, id_=IterDomain, checked=set, seen=dict, entry=tuple, logical=list, k=Py_ssize_t,
+               tv=TensorView)
 cpdef _check_divisibility(dict propagated, sizes)
 
 @cython.locals(i=Py_ssize_t, pair=tuple)
