@@ -8,11 +8,12 @@ does, and tools/plan_census.py compares 3,000 programs)."""
 
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import nvshard as nvfuser
 from nvshard import DataType, FusionDefinition
 from nvshard.preseg.cost import CostModel
-from nvshard.preseg.engine import Engine, _expr_structure
+from nvshard.preseg.engine import Engine, TensorEntry, _expr_structure, _in_number_order
 from nvshard.preseg.log import DecisionLog
 from nvshard.preseg.pipeline import _sizes
 from nvshard.preseg.program import Program
@@ -133,3 +134,16 @@ def test_refresh_by_factor_decides_and_logs_as_a_full_refresh(case: FusionCase):
     full, full_text, _, _, _ = _run(fd, shapes, False)
     assert by_factor == full
     assert text == full_text
+
+
+@given(st.lists(st.integers(0, 10**6), unique=True, max_size=40))
+def test_decided_tensors_are_visited_in_number_order(numbers):
+    """_after_change visits the tensors a step decided in number order (every
+    rank must refresh alike): by insertion up to 16 of them, by list.sort past."""
+    entries = []
+    for n in numbers:
+        t = TensorEntry.__new__(TensorEntry)
+        t.number = n
+        entries.append(t)
+    assert [t.number for t in _in_number_order(entries)] == sorted(numbers)
+
