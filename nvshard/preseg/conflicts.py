@@ -170,6 +170,8 @@ class ConflictResolver:
         # A layout over several mesh axes may lose its inner ones to a competitor
         # and keep its outer ones: offer those prefixes too.
         for m in list(conflicting):
+            if len(m.mesh_axes) < 2:
+                continue  # (one mesh axis or none: no outer part to keep)
             axes = layout.mesh_axes_of(m.digits)
             for j in range(1, len(axes)):
                 digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
