@@ -12,7 +12,7 @@ from nvshard.preseg.log cimport Decision
 from nvshard.preseg.program cimport TvState, new_state
 from nvshard.preseg.projection cimport ComputePlan, join_axis, plan_compute, project, rule_text, tensor_axes
 from nvshard.preseg.proposals cimport Choice, Proposal, compete
-from nvshard.preseg.reshard cimport numbered
+from nvshard.preseg.reshard cimport LastNumbered, numbered
 
 
 cdef class ByCost:
@@ -35,7 +35,7 @@ cdef class ConflictResolver:
     cdef public Engine engine
     cdef public CostModel cost
     cdef public dict _answers, _neighbourhoods, _places, _numbers
-    cdef public object _last_mesh, _last_mesh_number
+    cdef public LastNumbered _meshes
 
     @cython.locals(m=Choice, choices=list, candidates=list, pool=list, costs=list, rankings=dict, standing=list,
                    forward=Py_ssize_t, ranked=list, i=Py_ssize_t, order=tuple, quoted=Py_ssize_t)

@@ -30,7 +30,7 @@ from .cost import Cost
 from .program import new_state
 from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
-from .reshard import numbered
+from .reshard import LastNumbered, numbered
 
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
 _NOTHING_DROPPED = float("inf")  # a candidate's dropped priority when it leaves nothing out
@@ -66,8 +66,7 @@ class ConflictResolver:
     """Resolves one conflicted tensor at a time against the engine's current
     state (decisions, meshes and choices)."""
 
-    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places", "_numbers", "_last_mesh",
-                 "_last_mesh_number")
+    __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places", "_numbers", "_meshes")
 
     def __init__(self, engine, places: dict):
         """places: where to keep each tensor's neighbourhood places
@@ -81,8 +80,7 @@ class ConflictResolver:
         # questions name meshes, rule texts with places, and state keys by
         # numbers (in one table: the kinds of value never compare equal)
         self._numbers: dict = {}
-        self._last_mesh = None
-        self._last_mesh_number = -1
+        self._meshes = LastNumbered(self._numbers)
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
@@ -283,13 +281,7 @@ class ConflictResolver:
 
     def _mesh_number(self, mesh) -> int:
         """The mesh's number in this plan's questions (-1: none); equal meshes, one number."""
-        if mesh is None:
-            return -1
-        if mesh is self._last_mesh:  # (the common case: one mesh object throughout)
-            return self._last_mesh_number
-        n = numbered(self._numbers, mesh)
-        self._last_mesh, self._last_mesh_number = mesh, n
-        return n
+        return -1 if mesh is None else self._meshes.number(mesh)
 
     def _neighbourhood(self, tv) -> tuple:
         """(tv and the tensors of its adjacent exprs, in the order questions

@@ -4,7 +4,7 @@ import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport Program, TvState
-from nvshard.preseg.reshard cimport NumelModel, layout_number, numbered, plan_reshard
+from nvshard.preseg.reshard cimport LastNumbered, NumelModel, layout_number, plan_reshard
 from nvshard.preseg.projection cimport (ComputePlan, annotated_sum, plan_compute, question_head_number, resolved,
                                         same_state)
 from nvshard.preseg.cost cimport reshard_bytes
@@ -15,8 +15,8 @@ cdef class _Rewrite:
     cdef public NumelModel numel
     cdef public object weigh_alternatives
     cdef public list exprs
-    cdef public dict resharded, plans, layout_keys, codes, layout_key_numbers, mesh_numbers
-    cdef public object last_mesh, last_mesh_number
+    cdef public dict resharded, plans, layout_keys, codes, layout_key_numbers
+    cdef public LastNumbered meshes
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list, compute=ComputePlan)
     cpdef run(self)

@@ -14,7 +14,7 @@ from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
 from .projection import annotated_sum, plan_compute, question_head_number, resolved, same_state
 from .cost import reshard_bytes
-from .reshard import NumelModel, layout_number, numbered, plan_reshard
+from .reshard import LastNumbered, NumelModel, layout_number, plan_reshard
 
 
 class DecomposeReshardingsPass:
@@ -35,7 +35,7 @@ class _Rewrite:
     would hold every reshard signature until the collector ran.)"""
 
     __slots__ = ("program", "numel", "weigh_alternatives", "exprs", "resharded", "plans", "layout_keys", "codes",
-                 "layout_key_numbers", "mesh_numbers", "last_mesh", "last_mesh_number")
+                 "layout_key_numbers", "meshes")
 
     def __init__(self, program: Program, numel: NumelModel, weigh_alternatives: bool):
         self.program = program
@@ -50,8 +50,7 @@ class _Rewrite:
         self.layout_key_numbers: dict = {}  # a layout key -> its number
         self.codes: dict = {}  # tv -> (its state, its code in that state) (_tensor_code)
         self.layout_keys: dict = {}  # id(layout) -> (layout, its number) (reshard.layout_number)
-        self.mesh_numbers: dict = {}  # a mesh -> its number
-        self.last_mesh, self.last_mesh_number = None, -1  # the mesh numbered last, and its number
+        self.meshes = LastNumbered({})  # a mesh -> its number
 
     def run(self) -> None:
         program, exprs = self.program, self.exprs
@@ -150,14 +149,7 @@ class _Rewrite:
         """Appends the state's mesh number, rank and each layout's number
         (-1: replicated) to a question."""
         mesh = state.mesh
-        if mesh is None:
-            question.append(-1)
-        elif mesh is self.last_mesh:  # (the common case: one mesh object throughout)
-            question.append(self.last_mesh_number)
-        else:
-            n = numbered(self.mesh_numbers, mesh)
-            self.last_mesh, self.last_mesh_number = mesh, n
-            question.append(n)
+        question.append(-1 if mesh is None else self.meshes.number(mesh))
         layouts = state.layouts
         question.append(len(layouts))
         for i in range(len(layouts)):

@@ -32,3 +32,10 @@ cpdef tuple layout_numbers(layouts, dict known, dict numbers)
 cpdef layout_number(digits, dict known, dict numbers)
 
 cpdef object numbered(dict numbers, value)
+
+
+cdef class LastNumbered:
+    cdef public dict numbers
+    cdef public object last, last_number
+
+    cpdef number(self, value)

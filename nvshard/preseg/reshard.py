@@ -167,6 +167,26 @@ def numbered(numbers: dict, value) -> int:
     return n
 
 
+class LastNumbered:
+    """numbered() in one table, remembering the value it numbered last (by
+    identity): a plan's questions name one mesh object over and over, and
+    this answers them without hashing it."""
+
+    __slots__ = ("numbers", "last", "last_number")
+
+    def __init__(self, numbers: dict):
+        self.numbers = numbers
+        self.last = None
+        self.last_number = -1
+
+    def number(self, value) -> int:
+        if value is self.last:
+            return self.last_number
+        n = numbered(self.numbers, value)
+        self.last, self.last_number = value, n
+        return n
+
+
 def _plan_reshard(tv, src: TvState, dst: TvState, model: NumelModel) -> list[Step]:
     itemsize = tv.dtype().itemsize
     if src.mesh is not None and dst.mesh is not None and src.mesh != dst.mesh:
