@@ -181,8 +181,17 @@ cpdef tuple _graph_structure(Program program)
 @cython.locals(adjacent=dict, e=Expr, o=TensorView, t=TensorView)
 cpdef dict _adjacency(program)
 
+@cython.locals(last=list, home=dict, tensors=list)
+cpdef dict _stage_meshes(Program program)
+
+@cython.locals(meshes=list, tv=TensorView)
+cpdef list _meshes_of(list tensors)
+
+@cython.locals(i=Py_ssize_t, tv=TensorView)
+cpdef bint _meshes_unchanged(list tensors, list meshes) except -1
+
 @cython.locals(home=dict, e=Expr, o=TensorView)
-cpdef dict _stage_meshes(program)
+cpdef dict _derive_stage_meshes(program)
 
 @cython.locals(t=TensorView)
 cpdef _one_mesh(list tensors, dict home)

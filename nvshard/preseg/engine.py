@@ -917,10 +917,10 @@ def _pass_through_classes(program: Program, frozen: set, home: dict) -> PassThro
     last = _kept_with_fusion(program, "pass-through classes", list)  # [(frozen, home, rules, classes)] once made
     if last:
         kept_frozen, kept_home, kept_rules, classes = last[0]
-        if kept_frozen == frozen and kept_home == home and _same_objects(kept_rules, rules):
+        if kept_frozen == frozen and (kept_home is home or kept_home == home) and _same_objects(kept_rules, rules):
             return classes
     classes = PassThroughClasses(program, frozen, home)
-    last[:] = [(set(frozen), dict(home), rules, classes)]
+    last[:] = [(set(frozen), home, rules, classes)]  # (home is read only: _stage_meshes)
     return classes
 
 
@@ -949,6 +949,38 @@ def _adjacency(program: Program) -> dict:
 
 
 def _stage_meshes(program: Program) -> dict:
+    """The mesh of each computed tensor's pipeline stage (_derive_stage_meshes),
+    read only. They follow from the fusion's structure and its tensors'
+    meshes alone: the last ones derived are kept with the fusion and serve
+    the next plan whose tensors all still have the same mesh objects."""
+    last = _kept_with_fusion(program, "stage meshes", list)  # [(tensors, their meshes, home)] once derived
+    if last:
+        tensors, meshes, home = last[0]
+        if _meshes_unchanged(tensors, meshes):
+            return home
+    home = _derive_stage_meshes(program)
+    tensors = list(program.state)
+    last[:] = [(tensors, _meshes_of(tensors), home)]
+    return home
+
+
+def _meshes_of(tensors: list) -> list:
+    meshes = []
+    for tv in tensors:  # (a loop: compiled, tv is typed only in a loop)
+        meshes.append(tv.mesh)
+    return meshes
+
+
+def _meshes_unchanged(tensors: list, meshes: list) -> bool:
+    """Whether each tensor still has the mesh object listed for it."""
+    for i in range(len(tensors)):  # (an index loop: compiled, a field read per tensor)
+        tv = tensors[i]
+        if tv.mesh is not meshes[i]:
+            return False
+    return True
+
+
+def _derive_stage_meshes(program: Program) -> dict:
     """The mesh of each computed tensor's pipeline stage: the one mesh the
     user placed its nearest placed producers on (none when they disagree or
     nothing upstream is placed). A tensor stays in its stage: a consumer

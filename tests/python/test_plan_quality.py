@@ -164,6 +164,28 @@ def test_a_mesh_the_user_places_is_a_stage_cut():
     check_numerics(fd, [x_], [(h_ * h_ + h_).relu()])
 
 
+def test_moving_a_placed_tensor_between_plans_moves_its_stage():
+    """The stage meshes are kept with the fusion between plans: placing the
+    boundary back on stage 1's devices after a plan must end the stage cut
+    (its consumer's stage follows it), not reuse the kept stages."""
+    stage1, stage2 = mesh([0, 1]), mesh([2, 3])
+    with FusionDefinition() as fd:
+        x = sharded(fd, [64, 32], stage1, 0)
+        boundary = fd.ops.set(fd.ops.relu(x))
+        boundary.set_device_mesh(stage2)
+        boundary.outer_split(0, 2)
+        boundary.axis(0).parallelize(P.mesh_x)
+        y = fd.ops.relu(boundary)
+        fd.add_output(y)
+    plan = nvfuser.propagate_shardings(fd)
+    assert collectives(plan) == [("send_recv", "T1", 4 * KiB)]
+    assert plan.program.state[y].mesh == stage2
+    boundary.set_device_mesh(mesh([0, 1]))  # (an equal mesh, another object)
+    plan = nvfuser.propagate_shardings(fd)
+    assert collectives(plan) == []
+    assert plan.program.state[y].mesh == stage1
+
+
 def test_mlp_backward_under_sequence_parallelism_shards_both_weight_gradients():
     """Two linears forward and backward, x and dout [64, 32] split on the
     tokens, W1 [64, 32] on its output and W2 [32, 64] on its input features
