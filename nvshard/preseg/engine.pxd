@@ -71,7 +71,7 @@ cdef class Engine:
     @cython.locals(s=AxisFactors, t=TensorEntry, i=Py_ssize_t)
     cpdef bint _operand_open(self, list slots, list slot_entries) except -1
 
-    @cython.locals(s=AxisFactors, d=Decision, t=TensorEntry)
+    @cython.locals(s=AxisFactors, d=Decision, t=TensorEntry, used=frozenset, o=Opinion)
     cpdef _pending_options(self, f, ops, slots)
 
     @cython.locals(p=Proposal, m=Choice, c=Choice, merged=list, keys=list, decided=list, j=Py_ssize_t)
@@ -118,7 +118,7 @@ cdef class Engine:
     @cython.locals(m=Choice)
     cpdef tuple _conflict_order(self, TensorView tv)
 
-    @cython.locals(mesh=DeviceMesh)
+    @cython.locals(mesh=DeviceMesh, sizes=dict, used=frozenset)
     cpdef bint _closed(self, TensorEntry t) except -1
 
     cpdef tuple _layout_facts(self, digits)
@@ -159,6 +159,9 @@ cpdef list _in_number_order(list entries)
 cpdef bint _competes(Choice m, list choices) except -1
 
 cpdef bint _offered_in(Choice m, list proposals) except -1
+
+@cython.locals(d=Decision, found=bint)
+cpdef _decided_priority(list decided, default)
 
 @cython.locals(d=Py_ssize_t, k=Py_ssize_t, i=Py_ssize_t, h=cython.ulonglong, depth=dict, canon=dict, op_codes=dict,
                e=Expr, t=TensorView, o=TensorView)

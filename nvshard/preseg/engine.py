@@ -317,7 +317,11 @@ class Engine:
         mesh = t.mesh
         if mesh is None:
             return False
-        return mesh.axis_sizes().keys() <= self.used(t, False)
+        sizes = mesh.axis_sizes()
+        used = self.used(t, False)
+        if len(used) < len(sizes):
+            return False  # (most tensors: fewer axes used than the mesh has, no subset to test)
+        return sizes.keys() <= used
 
     def used(self, t: TensorEntry, reduction: bool) -> frozenset:
         """Mesh axes the tensor's decided iteration (or reduction) axes use;
@@ -525,14 +529,16 @@ class Engine:
                 continue
             t = self.entries[s.tv]
             d = t.decided[s.axis]
-            if d is None and not self._closed(t) and not self.releasing:
+            if d is None and not self.releasing and not self._closed(t):
                 return None
             if d is not None and d.digits:
                 continue
             used = self.used(t, False)
+            if not used:
+                continue  # (no mesh axis taken: every opinion fits)
             for o in ops:
-                if used & set(layout.mesh_axes_of(o.digits)):
-                    prio = max([x.priority for x in t.decided if x is not None], default=self.level)
+                if not used.isdisjoint(layout.mesh_axes_of(o.digits)):
+                    prio = _decided_priority(t.decided, self.level)
                     options.append(Opinion((), t.tv, min(prio, self.level), _OPERAND, t.mesh, False, False))
                     break
         return options
@@ -863,6 +869,17 @@ def _in_number_order(entries: list) -> list:
             j -= 1
         entries[j + 1] = t
     return entries
+
+
+def _decided_priority(decided: list, default):
+    """The largest priority among the decided axes (default: none decided)."""
+    found = False
+    prio = default
+    for d in decided:  # (a loop: compiled, d is typed only in a loop)
+        if d is not None and (not found or d.priority > prio):
+            prio = d.priority
+            found = True
+    return prio
 
 
 def _competes(m, choices) -> bool:
