@@ -12,6 +12,8 @@ on fusions from ~50 to ~10,000 exprs, with concrete input shapes.
                                                 # triangle update and each family at ~1000 exprs
     .venv/bin/python tools/bench_propagation.py --cache 1000,10000 [--families "MLP SP"]
                                                 # per plan: instructions, data refs, L1 misses (cachegrind)
+    .venv/bin/python tools/bench_propagation.py --paired "MLP SP" 769 5
+                                                # nvshard and GSPMD back to back, 5 rounds (needs jax)
 
 Programs: the AlphaFold3 triangle update (one block, upstream's annotation),
 and generated stacks: N transformer layers (upstream's forward layer, each
@@ -54,6 +56,12 @@ every size's data, so it says nothing here; what --cache shows is whether
 the rates stay the same as programs grow. If they do, a slower time per
 instruction at the larger size comes from misses served further out (L3
 rather than the 1 MiB L2).
+--paired times one program in nvshard and in GSPMD back to back, round
+after round with the order swapped each time, both by the wall clock:
+the table's nvshard rows run minutes before its JAX rows, and this
+machine's speed drifts by a sixth or more over minutes, which moves the
+table's ratios as much. It prints each round's ratios, their medians,
+and each side's least disturbed round.
 
 Targets: the propagation pass no slower than XLA's GSPMD propagation, and
 the whole plan no slower than GSPMD's propagation + partitioning, on the
@@ -274,28 +282,29 @@ def layers_for(family: str, target_exprs: int) -> int:
 # -- timing ------------------------------------------------------------------------------------------
 
 
-def time_build(fusion, shapes, mode: str, repeats: int) -> float:
+def time_build(fusion, shapes, mode: str, repeats: int, clock=time.process_time) -> float:
     times = []
     for _ in range(repeats):
-        t0 = time.process_time()
+        t0 = clock()
         build_plan(fusion, shapes, None, mode)
-        times.append(time.process_time() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
-def time_passes(fusion, shapes, repeats: int) -> tuple:
-    """Minimum CPU seconds of (propagation, decomposition) in the default pipeline."""
+def time_passes(fusion, shapes, repeats: int, clock=time.process_time) -> tuple:
+    """Minimum seconds (CPU unless `clock` says otherwise) of (propagation,
+    decomposition) in the default pipeline."""
     prop, dec = [], []
     for _ in range(repeats):
         sizes = _sizes(fusion, shapes, None)
         program = Program(fusion, sizes)
         cost = CostModel(program, sizes)
         gc.disable()  # as build_plan runs the passes
-        t0 = time.process_time()
+        t0 = clock()
         PropagateShardingsPass(cost, "default").run(program)
-        t1 = time.process_time()
+        t1 = clock()
         DecomposeReshardingsPass(cost.numel).run(program)
-        t2 = time.process_time()
+        t2 = clock()
         gc.enable()
         prop.append(t1 - t0)
         dec.append(t2 - t1)
@@ -430,7 +439,11 @@ def main(argv=None) -> int:
                              "(valgrind's cachegrind), instead of times")
     parser.add_argument("--plans", nargs=3, metavar=("FAMILY", "LAYERS", "REPEATS"),
                         help="plan a program 1 + REPEATS times and exit (the process --instructions counts)")
+    parser.add_argument("--paired", nargs=3, metavar=("FAMILY", "LAYERS", "ROUNDS"),
+                        help="nvshard against GSPMD on one program, back to back, ROUNDS times (needs jax)")
     args = parser.parse_args(argv)
+    if args.paired:
+        return paired(args.paired[0], int(args.paired[1]), int(args.paired[2]))
     if args.plans:
         _plan_repeatedly(args.plans[0], int(args.plans[1]), int(args.plans[2]))
         return 0
@@ -488,6 +501,57 @@ def main(argv=None) -> int:
             json.dump(dict(rows=rows, seconds=elapsed, engine=engine), f, indent=1)
         print(f"wrote {args.json}")
     return 1 if args.quick and jax_errors else 0
+
+
+def paired(family: str, layers: int, rounds: int) -> int:
+    """--paired: rounds that time one program in nvshard and in GSPMD back to
+    back, the order swapped every round, so that the machine's speed, which
+    drifts over minutes here, is nearly the same for both sides of each
+    ratio. nvshard's times are wall clock here (GSPMD's timers have no
+    other), each side the minimum of as many repeats as the table's rows
+    take (plans; compiles). Prints each round's ratios and their medians."""
+    if not bench_jax.available("passes"):
+        print("--paired needs jax (pip install -e .[bench])", file=sys.stderr)
+        return 1
+    fd, shapes = _program(family, layers)
+    exprs = len(fd.fusion.exprs)
+    build_plan(fd.fusion, shapes, None, "default")  # (what repeated plans reuse, as in the table's rows)
+    key, mesh = JAX_PROGRAMS[None if family == "triangle update" else family]
+    reps, jax_reps = repeats_for(exprs), jax_repeats_for(exprs)
+    print(f"{family} x{layers} ({exprs} exprs), {rounds} rounds; ms, wall clock; ratio: nvshard / GSPMD")
+    print("| round | order | propagation | GSPMD propagation | ratio | full plan | GSPMD prop+partition | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    prop_ratios, full_ratios, sides = [], [], []
+    for r in range(rounds):
+        jax_first = r % 2 == 1
+        reply = bench_jax.time_passes(key(layers), mesh, JAX_SIZES, jax_reps) if jax_first else None
+        prop = time_passes(fd.fusion, shapes, reps, time.perf_counter)[0]
+        full = time_build(fd.fusion, shapes, "default", reps, time.perf_counter)
+        if not jax_first:
+            reply = bench_jax.time_passes(key(layers), mesh, JAX_SIZES, jax_reps)
+        g = reply.get("gspmd", reply)
+        if "error" in g:
+            print(f"JAX timing failed: {g['error']}", file=sys.stderr)
+            return 1
+        prop_ratios.append(prop / g["propagation_s"])
+        full_ratios.append(full / g["prop_partition_s"])
+        sides.append((prop, g["propagation_s"], full, g["prop_partition_s"]))
+        print(f"| {r + 1} | {'GSPMD first' if jax_first else 'nvshard first'} | {prop * 1e3:.1f} | "
+              f"{g['propagation_s'] * 1e3:.1f} | {prop_ratios[-1]:.2f} | {full * 1e3:.1f} | "
+              f"{g['prop_partition_s'] * 1e3:.1f} | {full_ratios[-1]:.2f} |", flush=True)
+    bench_jax.close()
+    least = [min(side) for side in zip(*sides)]  # each side's least disturbed round
+    print(f"median of the rounds' ratios: propagation {_median(prop_ratios):.2f}, full plan "
+          f"{_median(full_ratios):.2f}; least disturbed rounds: propagation {least[0] * 1e3:.1f} vs "
+          f"{least[1] * 1e3:.1f} ms ({least[0] / least[1]:.2f}), full plan {least[2] * 1e3:.1f} vs "
+          f"{least[3] * 1e3:.1f} ms ({least[2] / least[3]:.2f})")
+    return 0
+
+
+def _median(values: list) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def time_jax(programs, args) -> int:
