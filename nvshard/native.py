@@ -45,6 +45,7 @@ COMPILED = (
     "nvshard.multidevice.layout",
     "nvshard.multidevice.mesh",
     "nvshard.ir.sizes",
+    "nvshard.ir.identity",
     "nvshard.ir.size_evaluator",
     "nvshard.ir.nodes",
     "nvshard.ir.dtypes",
@@ -64,6 +65,8 @@ class PythonDirectives:
     `no_gc` (records no reference cycle can pass through, left out of the
     cyclic collector's scans) and `freelist` (their memory reused) must be
     written on the class in the .py: in a .pxd, Cython ignores them."""
+
+    compiled = False  # (identity.py reads it: the source calls id())
 
     @staticmethod
     def cclass(cls):

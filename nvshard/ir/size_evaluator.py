@@ -8,6 +8,7 @@ from fractions import Fraction
 from typing import Optional
 
 from ..errors import NvShardError
+from .identity import identity
 from .nodes import Scalar, TensorView
 from .sizes import Size, Sym
 
@@ -72,7 +73,7 @@ class SizeEvaluator:
     def evaluate_size(self, size: Size) -> int:
         # Every cost and reshard plan asks for extents: remembered per Size
         # object (the entry keeps it alive, so its id is not reused).
-        known = self._evaluated.get(id(size))
+        known = self._evaluated.get(identity(size))
         if known is not None:
             return known[1]
         of = Size.of(size)
@@ -90,7 +91,7 @@ class SizeEvaluator:
         if numerator % denominator:
             raise NvShardError(f"extent {size} is not a whole number ({Fraction(numerator, denominator)})")
         value = int(numerator // denominator)  # (an input's extent may be a numpy int)
-        self._evaluated[id(size)] = (size, value)
+        self._evaluated[identity(size)] = (size, value)
         return value
 
     def sym_value(self, sym: Sym) -> int:

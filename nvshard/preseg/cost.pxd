@@ -4,6 +4,7 @@
 
 import cython
 
+from nvshard.ir.identity cimport identity
 from nvshard.ir.nodes cimport Expr, IterDomain, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState, new_state

@@ -20,6 +20,7 @@ try:
 except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
     from ..native import PythonDirectives as cython
 
+from ..ir.identity import identity
 from ..ir.nodes import TensorView
 from .program import TvState, new_state
 from .projection import (annotated_sum, arriving_state, operand_plans, plan_compute, resolved, results_mesh,
@@ -446,9 +447,9 @@ def _known_extent(id_, sizes, extents: dict) -> tuple:
     signature parts by kind of axis, made by _signature)."""
     size = _axis_size(id_)
     # keyed by one int (a key tuple would be built, hashed and compared by value per axis)
-    known = extents.get(id(size))
+    known = extents.get(identity(size))
     if known is None:
-        known = extents[id(size)] = (size, _size_value(sizes, size), [None, None, None, None])
+        known = extents[identity(size)] = (size, _size_value(sizes, size), [None, None, None, None])
     return known
 
 

@@ -4,6 +4,7 @@
 
 import cython
 
+from nvshard.ir.identity cimport identity
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.multidevice cimport layout
 from nvshard.multidevice.mesh cimport DeviceMesh

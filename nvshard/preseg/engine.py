@@ -47,6 +47,7 @@ try:
 except ImportError:  # Python without Cython: the class directives do nothing (native.PythonDirectives)
     from ..native import PythonDirectives as cython
 
+from ..ir.identity import identity
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..ops.registry import FactorKind
@@ -501,9 +502,9 @@ class Engine:
         """(mesh axes as a frozenset, layout.key) of a layout, remembered per
         layout object: the same decided layouts are proposed round after
         round (the entry keeps the object alive, so its id is not reused)."""
-        known = self._layouts_seen.get(id(digits))
+        known = self._layouts_seen.get(identity(digits))
         if known is None:
-            known = self._layouts_seen[id(digits)] = (
+            known = self._layouts_seen[identity(digits)] = (
                 digits, frozenset(layout.mesh_axes_of(digits)), layout.key(digits))
         return known[1], known[2]
 

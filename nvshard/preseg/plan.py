@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..ir.identity import identity
 from ..ir.nodes import NvShardError, TensorView
 from ..multidevice import layout
 from ..multidevice.collectives import collective, format_bytes
@@ -66,11 +67,11 @@ class Plan:
         for expr in _communicating(self.program.exprs):
             step = expr.attrs["step"]
             src = expr.inputs[0]
-            known = per_step.get(id(step))
+            known = per_step.get(identity(step))
             if known is None:
                 spec = collective(step.kind)
                 groups = spec.groups(step)
-                known = per_step[id(step)] = (step, groups, [dev for group in groups for dev in spec.receivers(group)])
+                known = per_step[identity(step)] = (step, groups, [dev for group in groups for dev in spec.receivers(group)])
             _, groups, receivers = known
             nbytes = step.bytes if self.sizes is not None else None
             self.communications.append(Communication(step.kind, src.short_name(), step.mesh_axis, groups,
@@ -194,9 +195,9 @@ def _check_divisibility(propagated: dict, sizes) -> None:
             if id_.is_reduction():
                 continue
             size = id_.expanded or id_.extent()
-            entry = seen.get(id(digits))
+            entry = seen.get(identity(digits))
             if entry is None:
-                entry = seen[id(digits)] = (digits, [])
+                entry = seen[identity(digits)] = (digits, [])
             if _met(entry[1], size, mesh):
                 continue
             entry[1].append((size, mesh))

@@ -4,6 +4,7 @@
 
 import cython
 
+from nvshard.ir.identity cimport identity
 from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport TvState, new_state
 

@@ -20,6 +20,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..ir.identity import identity
 from ..multidevice import layout
 from ..multidevice.collectives import collective, format_bytes
 from .program import TvState, new_state
@@ -153,9 +154,9 @@ def layout_number(digits, known: dict, numbers: dict):
     """One layout's number, as layout_numbers gives it."""
     if not digits:
         return -1
-    entry = known.get(id(digits))
+    entry = known.get(identity(digits))
     if entry is None:
-        entry = known[id(digits)] = (digits, numbered(numbers, layout.key(digits)))
+        entry = known[identity(digits)] = (digits, numbered(numbers, layout.key(digits)))
     return entry[1]
 
 
