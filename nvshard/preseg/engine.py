@@ -983,6 +983,7 @@ def _stage_meshes(program: Program) -> dict:
 
 
 def _meshes_of(tensors: list) -> list:
+    """Each tensor's mesh object, in order (None: not placed)."""
     meshes = []
     for tv in tensors:  # (a loop: compiled, tv is typed only in a loop)
         meshes.append(tv.mesh)

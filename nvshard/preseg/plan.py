@@ -71,7 +71,8 @@ class Plan:
             if known is None:
                 spec = collective(step.kind)
                 groups = spec.groups(step)
-                known = per_step[identity(step)] = (step, groups, [dev for group in groups for dev in spec.receivers(group)])
+                receivers = [dev for group in groups for dev in spec.receivers(group)]
+                known = per_step[identity(step)] = (step, groups, receivers)
             _, groups, receivers = known
             nbytes = step.bytes if self.sizes is not None else None
             self.communications.append(Communication(step.kind, src.short_name(), step.mesh_axis, groups,
