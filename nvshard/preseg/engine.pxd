@@ -116,7 +116,7 @@ cdef class Engine:
     @cython.locals(heap=list, top=tuple, current=tuple)
     cpdef _next_conflict(self)
 
-    @cython.locals(m=Choice)
+    @cython.locals(m=Choice, competing=list)
     cpdef tuple _conflict_order(self, TensorView tv)
 
     @cython.locals(mesh=DeviceMesh, sizes=dict, used=frozenset)

@@ -308,7 +308,11 @@ class Engine:
 
     def _conflict_order(self, tv):
         _, competing = self.classify(tv)
-        return (min([m.priority for m in competing]), self.depth.get(tv, 0), self.canon.get(tv, 0), tv.number)
+        best = competing[0].priority
+        for m in competing:  # (a loop: compiled, min() is a call through Python's protocol)
+            if m.priority < best:
+                best = m.priority
+        return (best, self.depth.get(tv, 0), self.canon.get(tv, 0), tv.number)
 
     # -- proposals ------------------------------------------------------------------------------
     def _closed(self, t: TensorEntry) -> bool:
