@@ -62,7 +62,7 @@ cdef class Engine:
 
     @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
                    per_target=dict, targets=list, slots=list, i=Py_ssize_t, t=TensorEntry,
-                   entries=dict, cached=tuple, open_to=tuple, slot_entries=list)
+                   entries=dict, cached=tuple, open_to=tuple, slot_entries=list, crossed=set)
     cpdef list _expr_proposals(self, expr, bint by_factor=*)
 
     @cython.locals(c=Opinion, o=Opinion)
@@ -160,6 +160,8 @@ cpdef list _in_number_order(list entries)
 cpdef bint _competes(Choice m, list choices) except -1
 
 cpdef bint _offered_in(Choice m, list proposals) except -1
+
+cpdef bint _none_in(tuple factors, set crossed) except -1
 
 @cython.locals(d=Decision, found=bint)
 cpdef _decided_priority(list decided, default)

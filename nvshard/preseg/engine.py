@@ -374,7 +374,8 @@ class Engine:
                 t = slot_entries[i]
                 axes = t.changed_axes
                 if axes is not None and s.axis in axes:
-                    crossed.update(s.factors)
+                    for f in s.factors:  # (a loop: compiled, set.update is a method call)
+                        crossed.add(f)
         # linked axes reach each other through their class (_spread), not here
         linked = self.classes.linked_positions.get(expr, ())
         targets = []
@@ -428,7 +429,7 @@ class Engine:
         for i in targets:
             s = slots[i]
             is_pending = s.reduction and s.role is _RESULT
-            if crossed is not None and not (is_pending and has_sum) and crossed.isdisjoint(s.factors):
+            if crossed is not None and not (is_pending and has_sum) and _none_in(s.factors, crossed):
                 kept = previous[1].get(i)
                 if kept:
                     per_target[i] = kept
@@ -604,7 +605,7 @@ class Engine:
                     continue
                 used = used_red if p.reduction else used_it
                 digits = p.digits
-                if used.isdisjoint(p.mesh_axes):
+                if not used or used.isdisjoint(p.mesh_axes):  # (most tensors: no mesh axis used yet)
                     key = p.key
                 else:
                     # keep the outer part that still fits (Shardy's longest compatible prefix)
@@ -874,6 +875,14 @@ def _in_number_order(entries: list) -> list:
             j -= 1
         entries[j + 1] = t
     return entries
+
+
+def _none_in(factors: tuple, crossed: set) -> bool:
+    """crossed.isdisjoint(factors), by C set lookups (a factor or two)."""
+    for f in factors:
+        if f in crossed:
+            return False
+    return True
 
 
 def _decided_priority(decided: list, default):
