@@ -24,6 +24,13 @@ def mesh(devices):
     return nvfuser.multidevice.DeviceMesh(torch.tensor(devices))
 
 
+def place_rows(tv, m) -> None:
+    """The user places a computed tensor on mesh m, its rows split over mesh_x."""
+    tv.set_device_mesh(m)
+    tv.outer_split(0, m.size)
+    tv.axis(0).parallelize(P.mesh_x)
+
+
 def collectives(plan) -> list:
     return sorted((c.kind, c.tensor, c.bytes_received) for c in plan.communications)
 
@@ -151,9 +158,7 @@ def test_a_mesh_the_user_places_is_a_stage_cut():
         h = fd.ops.relu(x)
         tail = fd.ops.add(fd.ops.mul(h, h), h)
         boundary = fd.ops.set(tail)
-        boundary.set_device_mesh(stage2)
-        boundary.outer_split(0, 2)
-        boundary.axis(0).parallelize(P.mesh_x)
+        place_rows(boundary, stage2)
         y = fd.ops.relu(boundary)
         fd.add_output(y)
     plan = nvfuser.propagate_shardings(fd)
@@ -172,9 +177,7 @@ def test_moving_a_placed_tensor_between_plans_moves_its_stage():
     with FusionDefinition() as fd:
         x = sharded(fd, [64, 32], stage1, 0)
         boundary = fd.ops.set(fd.ops.relu(x))
-        boundary.set_device_mesh(stage2)
-        boundary.outer_split(0, 2)
-        boundary.axis(0).parallelize(P.mesh_x)
+        place_rows(boundary, stage2)
         y = fd.ops.relu(boundary)
         fd.add_output(y)
     plan = nvfuser.propagate_shardings(fd)
