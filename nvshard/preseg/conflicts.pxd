@@ -10,7 +10,8 @@ from nvshard.preseg.cost cimport Cost, CostModel
 from nvshard.preseg.engine cimport Engine, TensorEntry
 from nvshard.preseg.log cimport Decision
 from nvshard.preseg.program cimport TvState, new_state
-from nvshard.preseg.projection cimport ComputePlan, join_axis, plan_compute, project, rule_text, tensor_axes
+from nvshard.preseg.projection cimport (ComputePlan, join_axis, plan_compute, project, question_head_number, rule_text,
+                                        tensor_axes)
 from nvshard.preseg.proposals cimport Choice, Proposal, compete
 from nvshard.preseg.reshard cimport LastNumbered, numbered
 

@@ -28,7 +28,7 @@ from ..multidevice import layout
 from ..ops.registry import FactorKind
 from .cost import Cost
 from .program import new_state
-from .projection import join_axis, plan_compute, project, rule_text, tensor_axes
+from .projection import join_axis, plan_compute, project, question_head_number, rule_text, tensor_axes
 from .proposals import Choice, Direction, compete
 from .reshard import LastNumbered, numbered
 
@@ -286,7 +286,7 @@ class ConflictResolver:
     def _neighbourhood(self, tv) -> tuple:
         """(tv and the tensors of its adjacent exprs, in the order questions
         name them; their places; the question's part its structure fixes:
-        per adjacent expr the number of its rule's text and its tensors'
+        per adjacent expr its question head's number and its tensors'
         places, and each tensor's signature number, as ints with their
         counts): fixed per tensor, kept."""
         known = self._neighbourhoods.get(tv)
@@ -308,7 +308,10 @@ class ConflictResolver:
             tensors, place, expr_places = placed
             fixed = [len(adjacent)]
             for i in range(len(adjacent)):  # (rules may change with the sizes: read per plan)
-                fixed.append(numbered(self._numbers, (rule_text(engine.p.rule(adjacent[i])), expr_places[i])))
+                # the rule's head number (kept with the rule) fixes how many places follow
+                e = adjacent[i]
+                fixed.append(question_head_number(e, engine.p.rule(e)))
+                fixed.extend(expr_places[i])
             fixed.append(len(tensors))
             for i in range(len(tensors)):
                 fixed.append(self.cost.signature_number(tensors[i]))

@@ -144,7 +144,8 @@ cdef class Engine:
                    meshes=dict)
     cpdef _finish(self)
 
-    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict)
+    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict, reduction=list,
+                   k=Py_ssize_t, n=Py_ssize_t)
     cpdef _seed(self)
 
     @cython.locals(d=Decision, m=Choice, arriving=list, end=End, alone=tuple)
@@ -162,6 +163,9 @@ cpdef bint _competes(Choice m, list choices) except -1
 cpdef bint _offered_in(Choice m, list proposals) except -1
 
 cpdef bint _none_in(tuple factors, set crossed) except -1
+
+@cython.locals(d=Decision, j=Py_ssize_t)
+cpdef _lowest_priority(list offers)
 
 @cython.locals(d=Decision, found=bint)
 cpdef _decided_priority(list decided, default)

@@ -171,9 +171,10 @@ class Engine:
                 prio = tv.sharding_priority or 0
                 source = Annotation(tv)
                 decided = []
-                for k, id_ in enumerate(tv.logical):
-                    digits = state.layouts[k]
-                    if id_.is_reduction() and not digits:
+                reduction, layouts = flags[tv], state.layouts
+                for k in range(n):  # (an index loop over the kept flags: compiled, no method call per axis)
+                    digits = layouts[k]
+                    if reduction[k] and not digits:
                         decided.append(None)  # pending sums stay open
                     else:
                         mesh_axes, key = self._layout_facts(digits)
@@ -746,7 +747,7 @@ class Engine:
                         priority = d.priority
                     else:
                         source = propagated_through(end.direction, end.expr, end.names, [o[2][0] for o in offers])
-                        priority = min([o[0].priority for o in offers])
+                        priority = _lowest_priority(offers)
                     self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT, "",
                                                        d.mesh_axes, d.key))
                     frontier.append((t, axis))
@@ -883,6 +884,17 @@ def _none_in(factors: tuple, crossed: set) -> bool:
         if f in crossed:
             return False
     return True
+
+
+def _lowest_priority(offers: list):
+    """The lowest priority among the decisions offered ((Decision, ...) each):
+    a typed loop, min() is a call through Python's protocol."""
+    best = offers[0][0].priority
+    for j in range(1, len(offers)):  # (an index loop: no slice to copy)
+        d = offers[j][0]
+        if d.priority < best:
+            best = d.priority
+    return best
 
 
 def _decided_priority(decided: list, default):
