@@ -5,8 +5,8 @@ import cython
 from nvshard.ir.nodes cimport Expr, TensorView
 from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.reshard cimport LastNumbered, NumelModel, layout_number, plan_reshard
-from nvshard.preseg.projection cimport (ComputePlan, annotated_sum, plan_compute, question_head_number, resolved,
-                                        same_state)
+from nvshard.preseg.projection cimport (ComputePlan, aligned, annotated_sum, plan_compute, question_head_number,
+                                        resolved, same_state)
 from nvshard.preseg.cost cimport reshard_bytes
 
 
@@ -20,6 +20,9 @@ cdef class _Rewrite:
 
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list, compute=ComputePlan)
     cpdef run(self)
+
+    @cython.locals(state=dict, outputs=list, inputs=list, first=TvState, i=Py_ssize_t)
+    cpdef bint _in_place(self, Expr expr) except -1
 
     @cython.locals(state=TvState, named=list, key=tuple)
     cpdef _reshard(self, tv, TvState target)

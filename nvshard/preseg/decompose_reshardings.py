@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..ir.nodes import Expr, TensorView
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
-from .projection import annotated_sum, plan_compute, question_head_number, resolved, same_state
+from .projection import aligned, annotated_sum, plan_compute, question_head_number, resolved, same_state
 from .cost import reshard_bytes
 from .reshard import LastNumbered, NumelModel, layout_number, plan_reshard
 
@@ -55,7 +55,7 @@ class _Rewrite:
     def run(self) -> None:
         program, exprs = self.program, self.exprs
         for expr in program.exprs:
-            if not expr.tv_outputs:
+            if not expr.tv_outputs or self._in_place(expr):
                 exprs.append(expr)
                 continue
             compute = self._compute_plan(expr, [program.state[o] for o in expr.tv_outputs],
@@ -93,6 +93,26 @@ class _Rewrite:
             self.exprs.append(_communication(step, cur, nxt))
             cur = nxt
         return cur
+
+    def _in_place(self, expr) -> bool:
+        """Whether expr computes where its tensors already are, with nothing
+        to ask plan_compute: it is aligned (projection.aligned) and its
+        operands and results have one state (mesh and layouts). The results'
+        way then reshards nothing before or after the expr, so no alternative
+        moves fewer bytes. (Most exprs of a big fusion: elementwise ops inside
+        one sharding.)"""
+        if not aligned(expr, self.program.rule(expr)):
+            return False
+        state = self.program.state
+        outputs, inputs = expr.tv_outputs, expr.tv_inputs
+        first = state[outputs[0]]
+        for i in range(1, len(outputs)):  # (index loops: compiled, the states typed)
+            if not same_state(state[outputs[i]], first):
+                return False
+        for i in range(len(inputs)):
+            if not same_state(state[inputs[i]], first):
+                return False
+        return True
 
     def _reshard(self, tv: TensorView, target: TvState) -> TensorView:
         state = self.program.state[tv]

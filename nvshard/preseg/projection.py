@@ -31,6 +31,7 @@ from .reshard import numbered
 
 # (read in inner loops: an Enum class's attribute read is slow on Python 3.11)
 _REPLICATED = FactorKind.REPLICATED
+_PASS = FactorKind.PASS
 
 
 class Role(enum.Enum):
@@ -94,6 +95,33 @@ def result_axes(expr, i: int, rule) -> list:
             per_result.append([(k, axes[k]) for k in range(len(axes))])
         rule.cache["result_axes"] = per_result
     return per_result[i]
+
+
+def aligned(expr, rule) -> bool:
+    """Whether every tensor of expr has one axis per factor, axis k being
+    factor k alone, and every factor passes through (an elementwise op with
+    no broadcast, reduction or reshape): its operands compute in whatever
+    layouts its results have. Cached with the rule."""
+    known = rule.cache.get("aligned")
+    if known is None:
+        known = rule.cache["aligned"] = _aligned(expr, rule)
+    return known
+
+
+def _aligned(expr, rule) -> bool:
+    n = len(rule.factors)
+    for f in rule.factors:
+        if f.kind is not _PASS:
+            return False
+    identity = [(k,) for k in range(n)]
+    tensors = [(expr.tv_inputs, rule.operands), (expr.tv_outputs, rule.results)]
+    for tvs, sides in tensors:
+        if len(tvs) != len(sides):
+            return False
+        for i in range(len(tvs)):
+            if len(tvs[i].logical) != n or _has_reduction(tvs[i]) or list(sides[i]) != identity:
+                return False
+    return True
 
 
 def replicated_factors(rule) -> list:
