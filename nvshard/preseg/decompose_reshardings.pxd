@@ -3,10 +3,11 @@
 import cython
 
 from nvshard.ir.nodes cimport Expr, TensorView
+from nvshard.multidevice cimport layout
 from nvshard.preseg.program cimport Program, TvState
 from nvshard.preseg.reshard cimport LastNumbered, NumelModel, layout_number, plan_reshard
-from nvshard.preseg.projection cimport (ComputePlan, aligned, annotated_sum, plan_compute, question_head_number,
-                                        resolved, same_state)
+from nvshard.preseg.projection cimport (ComputePlan, annotated_sum, pass_through_axes, plan_compute,
+                                        question_head_number, resolved, same_state)
 from nvshard.preseg.cost cimport reshard_bytes
 
 
@@ -21,7 +22,7 @@ cdef class _Rewrite:
     @cython.locals(produced=TvState, final=TvState, expr=Expr, out=TensorView, exprs=list, compute=ComputePlan)
     cpdef run(self)
 
-    @cython.locals(state=dict, outputs=list, inputs=list, first=TvState, i=Py_ssize_t)
+    @cython.locals(state=dict, outputs=list, inputs=list, axes=tuple, per_factor=list, i=Py_ssize_t)
     cpdef bint _in_place(self, Expr expr) except -1
 
     @cython.locals(state=TvState, named=list, key=tuple)
@@ -35,3 +36,7 @@ cdef class _Rewrite:
 
     @cython.locals(layouts=list, i=Py_ssize_t)
     cpdef _add_state(self, list question, TvState state)
+
+
+@cython.locals(k=Py_ssize_t, f=Py_ssize_t)
+cpdef bint _agrees(TvState state, list named, mesh, list per_factor, bint result) except -1

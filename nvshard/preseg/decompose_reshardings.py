@@ -10,9 +10,10 @@ are resharded after, the last step writing the original result.
 from __future__ import annotations
 
 from ..ir.nodes import Expr, TensorView
+from ..multidevice import layout
 from ..ops.communication import COMMUNICATIONS
 from .program import Program, TvState
-from .projection import aligned, annotated_sum, plan_compute, question_head_number, resolved, same_state
+from .projection import annotated_sum, pass_through_axes, plan_compute, question_head_number, resolved, same_state
 from .cost import reshard_bytes
 from .reshard import LastNumbered, NumelModel, layout_number, plan_reshard
 
@@ -96,21 +97,28 @@ class _Rewrite:
 
     def _in_place(self, expr) -> bool:
         """Whether expr computes where its tensors already are, with nothing
-        to ask plan_compute: it is aligned (projection.aligned) and its
-        operands and results have one state (mesh and layouts). The results'
-        way then reshards nothing before or after the expr, so no alternative
-        moves fewer bytes. (Most exprs of a big fusion: elementwise ops inside
-        one sharding.)"""
-        if not aligned(expr, self.program.rule(expr)):
+        to ask plan_compute: its factors pass through (projection.
+        pass_through_axes), its tensors share one mesh, and every factor
+        has one layout on every axis that names it (the results' way, which
+        plan_compute starts from), other axes whole. That way reshards
+        nothing before or after the expr, so no alternative moves fewer
+        bytes. (Most exprs of a big fusion: elementwise ops, broadcasts and
+        permutes inside one sharding.)"""
+        rule = self.program.rule(expr)
+        axes = pass_through_axes(expr, rule)
+        if axes is None:
             return False
         state = self.program.state
         outputs, inputs = expr.tv_outputs, expr.tv_inputs
-        first = state[outputs[0]]
-        for i in range(1, len(outputs)):  # (index loops: compiled, the states typed)
-            if not same_state(state[outputs[i]], first):
+        mesh = state[outputs[0]].mesh
+        if mesh is None:
+            return False
+        per_factor = [None] * len(rule.factors)  # each factor's layout, as the results say (None: no result says)
+        for i in range(len(outputs)):  # (index loops: compiled, the states typed)
+            if not _agrees(state[outputs[i]], axes[1][i], mesh, per_factor, True):
                 return False
         for i in range(len(inputs)):
-            if not same_state(state[inputs[i]], first):
+            if not _agrees(state[inputs[i]], axes[0][i], mesh, per_factor, False):
                 return False
         return True
 
@@ -174,6 +182,36 @@ class _Rewrite:
         question.append(len(layouts))
         for i in range(len(layouts)):
             question.append(layout_number(layouts[i], self.layout_keys, self.layout_key_numbers))
+
+
+def _agrees(state: TvState, named: list, mesh, per_factor: list, result: bool) -> bool:
+    """Whether a tensor's state is on `mesh`, whole on the axes that name no
+    factor (named[k] < 0), and on every other axis in its factor's layout
+    in per_factor. A result sets the layout of a factor no result has
+    named yet; an operand's factor no result names must be whole."""
+    if state.mesh is not mesh and state.mesh != mesh:
+        return False
+    layouts = state.layouts
+    if len(layouts) != len(named):
+        return False
+    for k in range(len(named)):
+        digits = layouts[k]
+        if digits is None:
+            return False  # (an open axis: propagation leaves none; asking decides)
+        f = named[k]
+        if f < 0:
+            if digits:
+                return False
+            continue
+        expected = per_factor[f]
+        if expected is None:
+            if result:
+                per_factor[f] = digits
+                continue
+            expected = ()
+        if not layout.same(digits, expected):
+            return False
+    return True
 
 
 def _communication(step, src: TensorView, dst: TensorView) -> Expr:

@@ -50,10 +50,13 @@ cpdef AxisFactors new_axis_factors(TensorView tv, role, Py_ssize_t position, Py_
 @cython.locals(per_operand=list, tvs=list, operands=list, j=Py_ssize_t, tv=TensorView, kept=list, k=Py_ssize_t)
 cpdef list operand_axes(expr, Py_ssize_t i, rule)
 
-cpdef bint aligned(Expr expr, rule) except -1
+cpdef pass_through_axes(Expr expr, rule)
 
-@cython.locals(n=Py_ssize_t, i=Py_ssize_t, tvs=list, identity=list)
-cpdef bint _aligned(Expr expr, rule) except -1
+@cython.locals(i=Py_ssize_t, inputs=list, outputs=list, operands=list, results=list, named=list)
+cpdef _pass_through_axes(Expr expr, rule)
+
+@cython.locals(named=list)
+cpdef _factor_per_axis(list pairs, Py_ssize_t n_axes)
 
 cpdef list replicated_factors(rule)
 

@@ -97,31 +97,53 @@ def result_axes(expr, i: int, rule) -> list:
     return per_result[i]
 
 
-def aligned(expr, rule) -> bool:
-    """Whether every tensor of expr has one axis per factor, axis k being
-    factor k alone, and every factor passes through (an elementwise op with
-    no broadcast, reduction or reshape): its operands compute in whatever
-    layouts its results have. Cached with the rule."""
-    known = rule.cache.get("aligned")
+def pass_through_axes(expr, rule):
+    """(per operand, per result: the factor each logical axis names, -1 for
+    none) when every factor of expr passes through, no axis names two of
+    them and no result has a reduction axis (an elementwise op, a
+    broadcast, a permute): such an expr computes its results' layouts from
+    operands in the same layouts, factor by factor, and nothing else. None
+    for any other expr. Cached with the rule."""
+    known = rule.cache.get("pass-through axes")
     if known is None:
-        known = rule.cache["aligned"] = _aligned(expr, rule)
-    return known
+        known = rule.cache["pass-through axes"] = _pass_through_axes(expr, rule)
+    return known if known else None
 
 
-def _aligned(expr, rule) -> bool:
-    n = len(rule.factors)
+def _pass_through_axes(expr, rule):
+    """pass_through_axes, or () where it is None."""
     for f in rule.factors:
         if f.kind is not _PASS:
-            return False
-    identity = [(k,) for k in range(n)]
-    tensors = [(expr.tv_inputs, rule.operands), (expr.tv_outputs, rule.results)]
-    for tvs, sides in tensors:
-        if len(tvs) != len(sides):
-            return False
-        for i in range(len(tvs)):
-            if len(tvs[i].logical) != n or _has_reduction(tvs[i]) or list(sides[i]) != identity:
-                return False
-    return True
+            return ()
+    inputs, outputs = expr.tv_inputs, expr.tv_outputs
+    if len(inputs) != len(rule.operands) or len(outputs) != len(rule.results):
+        return ()
+    operands, results = [], []
+    for i in range(len(inputs)):  # (index loops: compiled, the tensors typed)
+        named = _factor_per_axis(operand_axes(expr, i, rule), len(inputs[i].logical))
+        if named is None:
+            return ()
+        operands.append(named)
+    for i in range(len(outputs)):
+        if _has_reduction(outputs[i]):
+            return ()
+        named = _factor_per_axis(result_axes(expr, i, rule), len(outputs[i].logical))
+        if named is None:
+            return ()
+        results.append(named)
+    return (operands, results)
+
+
+def _factor_per_axis(pairs: list, n_axes: int):
+    """The factor each of n_axes axes names (-1: none) from (axis, factors)
+    pairs, or None when an axis names several."""
+    named = [-1] * n_axes
+    for k, factors in pairs:
+        if len(factors) > 1:
+            return None
+        if factors:
+            named[k] = factors[0]
+    return named
 
 
 def replicated_factors(rule) -> list:

@@ -1,6 +1,7 @@
-"""The decomposition leaves an aligned expr whose tensors share one state as
-it is, without asking plan_compute (decompose_reshardings._Rewrite._in_place).
-That shortcut must rewrite every program exactly as asking would."""
+"""The decomposition leaves a pass-through expr whose tensors agree factor by
+factor as it is, without asking plan_compute
+(decompose_reshardings._Rewrite._in_place). That shortcut must rewrite every
+program exactly as asking would."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from nvshard.models import (Direction, annotate_mlp, annotate_transformer, annot
                             triangle_shapes, triangle_update)
 from nvshard.preseg import pipeline
 from nvshard.preseg.decompose_reshardings import _Rewrite
-from nvshard.preseg.projection import aligned, plan_compute, resolved, same_state
+from nvshard.preseg.projection import pass_through_axes, plan_compute, resolved, same_state
 
 P = nvfuser.ParallelType
 
@@ -20,28 +21,33 @@ def _mesh(*shape):
     return nvfuser.multidevice.DeviceMesh(torch.arange(torch.Size(shape).numel()).reshape(*shape))
 
 
-def test_only_elementwise_exprs_without_broadcast_are_aligned():
+def test_pass_through_axes_name_each_axis_factor():
     with FusionDefinition() as fd:
         x = fd.define_tensor([8, 16], dtype=DataType.Float, contiguity=True)
         y = fd.define_tensor([8, 16], dtype=DataType.Float, contiguity=True)
         bias = fd.define_tensor([16], dtype=DataType.Float, contiguity=True)
         w = fd.define_tensor([4, 16], dtype=DataType.Float, contiguity=True)
-        s = fd.ops.add(x, y)  # aligned
-        c = fd.ops.cast(fd.ops.tanh(s), DataType.BFloat16)  # aligned, twice
-        b = fd.ops.add(fd.ops.cast(c, DataType.Float), fd.ops.broadcast_in_dim(bias, [8, 16], [1]))
+        s = fd.ops.add(x, y)
+        b = fd.ops.add(fd.ops.tanh(s), fd.ops.broadcast_in_dim(bias, [8, 16], [1]))
         fd.add_output(fd.ops.linear(b, w))
         fd.add_output(fd.ops.sum(s, [1]))
         fd.add_output(fd.ops.reshape(s, [128]))
-        fd.add_output(fd.ops.mul(s, s))  # one tensor read twice: still aligned
-    got = {}
-    for e in fd.fusion.exprs:
-        got.setdefault(e.op.name, []).append(aligned(e, e.rule()))
-    assert got["add"] == [True, False]  # the second reads a broadcast bias
-    assert got["tanh"] == [True]
-    assert got["cast"] == [True, True]
-    assert got["mul"] == [True]
-    for name in ("broadcast_in_dim", "linear", "sum", "reshape"):
-        assert got[name] == [False] * len(got[name]), name
+        fd.add_output(fd.ops.mul(s, s))
+        fd.add_output(fd.ops.permute(s, [1, 0]))
+        fd.add_output(fd.ops.slice(s, [0, 0], [4, 16]))
+    got = [(e.op.name, pass_through_axes(e, e.rule())) for e in fd.fusion.exprs]
+    assert got == [
+        ("add", ([[0, 1], [0, 1]], [[0, 1]])),
+        ("tanh", ([[0, 1]], [[0, 1]])),
+        ("broadcast_in_dim", ([[0]], [[-1, 0]])),  # (the new axis is a broadcast: it names no factor)
+        ("add", ([[0, 1], [-1, 1]], [[0, 1]])),
+        ("linear", None),  # a contraction
+        ("sum", None),  # a result with a reduction axis
+        ("reshape", None),  # an axis made of two factors
+        ("mul", ([[0, 1], [0, 1]], [[0, 1]])),  # one tensor read twice
+        ("permute", ([[0, 1]], [[1, 0]])),
+        ("slice", None),  # a replicated factor
+    ]
 
 
 class _Asking(_Rewrite):
@@ -106,18 +112,21 @@ def _transformer():
 
 
 def _operands_apart():
-    """Elementwise exprs whose operands are sharded on different axes: one
-    of them is resharded before the op."""
+    """Pass-through exprs whose operands are sharded on different axes, or
+    sharded on an axis the result has as a broadcast: one of them is
+    resharded before the op, or the result after it."""
     with FusionDefinition() as fd:
         x = fd.define_tensor([8, 16], dtype=DataType.Float, contiguity=True)
         y = fd.define_tensor([8, 16], dtype=DataType.Float, contiguity=True)
         z = fd.define_tensor([8, 16], dtype=DataType.Float, contiguity=True)
-        fd.add_output(fd.ops.mul(fd.ops.add(x, y), z))
-        for tv, axis in ((x, 0), (y, 1), (z, 1)):
+        bias = fd.define_tensor([16], dtype=DataType.Float, contiguity=True)
+        t = fd.ops.permute(fd.ops.mul(fd.ops.add(x, y), z), [1, 0])
+        fd.add_output(fd.ops.add(t, fd.ops.broadcast_in_dim(bias, [16, 8], [0])))
+        for tv, axis in ((x, 0), (y, 1), (z, 1), (bias, 0)):
             tv.set_device_mesh(_mesh(2))
             tv.outer_split(axis, 2)
             tv.axis(axis).parallelize(P.mesh_x)
-    return fd, [[8, 16]] * 3
+    return fd, [[8, 16]] * 3 + [[16]]
 
 
 @pytest.mark.parametrize("program", [_triangle, _mlp, _transformer, _operands_apart],
