@@ -383,7 +383,8 @@ class Engine:
         for i in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
             s = slots[i]
             t = slot_entries[i]
-            if t.decided[s.axis] is None:
+            # (an iteration axis of a tensor whose mesh axes are all taken can take no layout)
+            if t.decided[s.axis] is None and (s.reduction or not self._closed(t)):
                 targets.append(i)
         if not targets:
             return []
