@@ -29,6 +29,7 @@ cdef class TensorEntry:
     cdef public dict by_expr
     cdef public tuple as_source
     cdef public set changed_axes
+    cdef public bint closed
 
 
 @cython.locals(t=TensorEntry)

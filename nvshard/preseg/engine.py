@@ -84,7 +84,7 @@ class TensorEntry:
     inner loops look a tensor up once, not once per thing they read of it."""
 
     __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
-                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes")
+                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes", "closed")
 
     tv: object
     number: int  # the tensor's number (the order every rank visits tensors in)
@@ -103,6 +103,7 @@ class TensorEntry:
     # tensors, and share this one tuple (the plan's log keeps them all)
     as_source: object
     changed_axes: object  # the axes decided since the adjacent exprs' last refresh (a set), or None
+    closed: bool  # no more decisions can reach it (Engine._closed): frozen, or every mesh axis taken
 
 
 def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
@@ -111,7 +112,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
     protocol; a plan makes one per tensor)."""
     t = TensorEntry.__new__(TensorEntry)
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
-    t.reduction_flags, t.adjacent = reduction_flags, adjacent
+    t.reduction_flags, t.adjacent, t.closed = reduction_flags, adjacent, frozen
     t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.changed_axes = None
     return t
 
@@ -317,8 +318,9 @@ class Engine:
 
     # -- proposals ------------------------------------------------------------------------------
     def _closed(self, t: TensorEntry) -> bool:
-        """No more decisions will reach this tensor's open axes."""
-        if t.frozen:
+        """No more decisions will reach this tensor's open axes. Kept once
+        true (decisions are never undone, a mesh never changes once set)."""
+        if t.closed:
             return True
         mesh = t.mesh
         if mesh is None:
@@ -327,7 +329,10 @@ class Engine:
         used = self.used(t, False)
         if len(used) < len(sizes):
             return False  # (most tensors: fewer axes used than the mesh has, no subset to test)
-        return sizes.keys() <= used
+        if sizes.keys() <= used:
+            t.closed = True
+            return True
+        return False
 
     def used(self, t: TensorEntry, reduction: bool) -> frozenset:
         """Mesh axes the tensor's decided iteration (or reduction) axes use;
