@@ -48,7 +48,8 @@ cdef class ConflictResolver:
     @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
     cpdef tuple weigh_partial_sum(self, tv, Choice pending)
 
-    @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list)
+    @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list, options=list, opts=list, at=list,
+                   n=Py_ssize_t, i=Py_ssize_t)
     cpdef tuple _candidates(self, tv)
 
     @cython.locals(around=list, tensors=list, sharing=list, known=tuple, costs=list, cost=Cost, unnamed=list,

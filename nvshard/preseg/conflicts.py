@@ -15,7 +15,6 @@ Shardy does). Candidates are scored by, in order:
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -178,11 +177,35 @@ class ConflictResolver:
         by_axis: dict = {}
         for m in pool:
             by_axis.setdefault(m.axis, []).append(m)
+        # every way to take at most one choice per axis, as itertools.product
+        # lists them (axes in order, the last turning fastest, each axis's
+        # choices before none): an odometer over the axes, compiled, with no
+        # tuple per combination
+        options = []
+        for a in sorted(by_axis):
+            opts = by_axis[a]
+            opts.append(None)
+            options.append(opts)
+        n = len(options)
+        at = [0] * n
         candidates = []
-        for combo in itertools.product(*[by_axis[a] + [None] for a in sorted(by_axis)]):
-            chosen = [m for m in combo if m is not None]
+        while True:
+            chosen = []
+            for i in range(n):
+                m = options[i][at[i]]
+                if m is not None:
+                    chosen.append(m)
             if chosen and not _any_compete(chosen):
                 candidates.append(chosen)
+            i = n - 1
+            while i >= 0:
+                at[i] += 1
+                if at[i] < len(options[i]):
+                    break
+                at[i] = 0
+                i -= 1
+            if i < 0:
+                break
         # keep maximal candidates only: adding a compatible choice is free
         return _maximal(candidates), pool
 
