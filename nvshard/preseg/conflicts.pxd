@@ -56,7 +56,7 @@ cdef class ConflictResolver:
                    rankings=dict)
     cpdef tuple _costs(self, tv, list candidates)
 
-    @cython.locals(engine=Engine, cost=CostModel, parts=list, seen=set, entries=dict, shared=dict, sharing=list,
+    @cython.locals(engine=Engine, cost=CostModel, parts=list, seen=set, shared=dict, sharing=list,
                    place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t)
     cpdef tuple _question(self, tv, list candidates)
 
@@ -72,7 +72,7 @@ cdef class ConflictResolver:
                    placed=tuple, expr_places=list, i=Py_ssize_t, own=TensorEntry)
     cpdef tuple _neighbourhood(self, tv)
 
-    @cython.locals(entries=dict, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,
+    @cython.locals(engine=Engine, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,
                    i=Py_ssize_t, own=TensorEntry)
     cpdef list _around(self, tv, list sharing)
 

@@ -244,8 +244,7 @@ class ConflictResolver:
         every part whose length varies, so that two questions are equal
         exactly when what they say is."""
         engine, cost = self.engine, self.cost
-        entries = engine.entries
-        own = entries[tv]
+        own = engine.entry(tv)
         tensors, place, fixed = self._neighbourhood(tv)
         parts = list(fixed)
         self._add_state(parts, own)
@@ -258,9 +257,9 @@ class ConflictResolver:
             for t in e.tv_inputs + e.tv_outputs:
                 if t not in seen:
                     seen.add(t)
-                    self._add_state(parts, entries[t])
+                    self._add_state(parts, engine.entry(t))
             for o in e.tv_outputs:
-                result = entries[o]
+                result = engine.entry(o)
                 if _any_none(result.decided):
                     self._add_choices(parts, engine.current_choices(o))
                 else:
@@ -315,7 +314,7 @@ class ConflictResolver:
         known = self._neighbourhoods.get(tv)
         if known is None:
             engine = self.engine
-            own = engine.entries[tv]
+            own = engine.entry(tv)
             adjacent = own.adjacent
             placed = self._places.get(tv)
             if placed is None:  # (the first plan of the fusion)
@@ -346,23 +345,23 @@ class ConflictResolver:
         adjacent to tv (the same for every candidate): [(expr, the other
         tensors' (layouts, mesh), their sharing)]; `sharing`: per expr, as
         _question found it."""
-        entries = self.engine.entries
+        engine = self.engine
         around = []
-        own = entries[tv]
+        own = engine.entry(tv)
         adjacent = own.adjacent
         for i in range(len(adjacent)):  # (an index loop: compiled, no tuple per pair)
             e = adjacent[i]
             others = {}
             for t in e.tv_inputs + e.tv_outputs:
                 if t is not tv and t not in others:
-                    entry = entries[t]
+                    entry = engine.entry(t)
                     others[t] = (_layouts(entry), entry.mesh)
             around.append((e, others, sharing[i]))
         return around
 
     def _cost(self, tv, chosen: list, around: list) -> Cost:
         """Bytes the exprs around tv would move with `chosen` applied."""
-        entry = self.engine.entries[tv]
+        entry = self.engine.entry(tv)
         mesh = entry.mesh
         if not mesh:
             mesh = None
@@ -397,7 +396,7 @@ class ConflictResolver:
         for other in engine.p._indexed()[1].get(operand, []):  # (the consumers, without the property's call)
             if other is expr or not other.tv_outputs:
                 continue
-            outs = [engine.entries[o] for o in other.tv_outputs]
+            outs = [engine.entry(o) for o in other.tv_outputs]
             whole = True
             for entry in outs:
                 if _any_none(entry.decided):

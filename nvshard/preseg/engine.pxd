@@ -43,6 +43,7 @@ cdef class Engine:
     cdef public set frozen
     cdef public object level, releasing
     cdef public dict proposals, entries
+    cdef public list by_number
     cdef public set _stale
     cdef public dict _easy_targets
     cdef public set _conflicted
@@ -85,13 +86,13 @@ cdef class Engine:
     @cython.locals(m=Choice, classified=tuple, valid=list, easy=list, competing=list)
     cpdef tuple _classified(self, TensorEntry t)
 
-    @cython.locals(m=Choice, t=TensorEntry, entries=dict)
+    @cython.locals(m=Choice, t=TensorEntry)
     cpdef _apply(self, list items, reason=*)
 
     @cython.locals(axis=Py_ssize_t)
     cpdef _record(self, TensorEntry t, mesh, Decision decision)
 
-    @cython.locals(d=Decision, end=End, alone=tuple, entries=dict, arriving=dict, per_axis=dict,
+    @cython.locals(d=Decision, end=End, alone=tuple, arriving=dict, per_axis=dict,
                    classes=PassThroughClasses, offers=list, axis=Py_ssize_t, origin=TensorEntry, t=TensorEntry)
     cpdef _spread(self, list frontier)
 
@@ -125,7 +126,7 @@ cdef class Engine:
 
     cpdef tuple _layout_facts(self, digits)
 
-    @cython.locals(p=Proposal, entries=dict, touched=set, old=list, new=list, per_expr=dict, props=list,
+    @cython.locals(p=Proposal, touched=set, old=list, new=list, per_expr=dict, props=list,
                    t=TensorEntry, internal=set)
     cpdef _refresh(self, exprs, bint by_factor=*)
 
@@ -146,8 +147,10 @@ cdef class Engine:
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict, reduction=list,
-                   k=Py_ssize_t, n=Py_ssize_t)
+                   k=Py_ssize_t, n=Py_ssize_t, t=TensorEntry, by_number=list, number=Py_ssize_t)
     cpdef _seed(self)
+
+    cdef TensorEntry entry(self, TensorView tv)
 
     @cython.locals(d=Decision, m=Choice, arriving=list, end=End, alone=tuple)
     cpdef list _offer(self, TensorEntry t, dict per_axis)

@@ -119,7 +119,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
 
 class Engine:
     __slots__ = (
-        "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries",
+        "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries", "by_number",
         "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
         "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
         "_changed", "_held_back", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
@@ -138,6 +138,7 @@ class Engine:
         self.releasing = False
         self.proposals: dict = {}  # expr -> [Proposal]
         self.entries: dict = {}  # tv -> TensorEntry (its proposals by expr, its choices, ...)
+        self.by_number: list = []  # the same entries by tensor number (entry(): a list index, no hashing)
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
         self._stale: set = set()
@@ -165,6 +166,7 @@ class Engine:
     # -- setup ------------------------------------------------------------------------
     def _seed(self) -> None:
         home, flags, adjacent = self.home, self._reduction_axes, self.adjacent
+        by_number = self.by_number = [None] * len(self.p.state)
         for tv, state in self.p.state.items():
             n = len(tv.logical)
             frozen = True
@@ -192,7 +194,17 @@ class Engine:
                 frozen = False
             if frozen:
                 self.frozen.add(tv)
-            self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, flags[tv], adjacent[tv])
+            t = self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, flags[tv], adjacent[tv])
+            number = t.number
+            if number >= len(by_number):  # (numbers count from 0 in a fusion: seldom)
+                by_number.extend([None] * (number + 1 - len(by_number)))
+            if by_number[number] is not None:
+                raise NvShardError(f"{tv.short_name()} shares its number with {by_number[number].tv.short_name()}")
+            by_number[number] = t
+
+    def entry(self, tv) -> TensorEntry:
+        """tv's TensorEntry."""
+        return self.by_number[tv.number]
 
     # -- the main loop ----------------------------------------------------------------------
     def run(self) -> None:
@@ -540,7 +552,7 @@ class Engine:
         for s in slots:
             if s.role is not _OPERAND or f not in s.factors:
                 continue
-            t = self.entries[s.tv]
+            t = self.entry(s.tv)
             d = t.decided[s.axis]
             if d is None and not self.releasing and not self._closed(t):
                 return None
@@ -559,7 +571,6 @@ class Engine:
     def _refresh(self, exprs, by_factor: bool = False) -> None:
         """Re-derives the exprs' proposals (by_factor: see _expr_proposals)."""
         touched = set()  # TensorEntry (invalidating is order-free)
-        entries = self.entries
         internal = self.classes.internal
         for e in exprs:
             if e in internal:
@@ -567,14 +578,14 @@ class Engine:
             old = self.proposals.get(e)
             if old:
                 for p in old:  # (per proposal, not per tensor: both steps repeat harmlessly)
-                    t = entries[p.tv]
+                    t = self.entry(p.tv)
                     touched.add(t)
                     if t.by_expr is not None:
                         t.by_expr.pop(e, None)
             new = self._expr_proposals(e, by_factor)
             self.proposals[e] = new
             for p in new:
-                t = entries[p.tv]
+                t = self.entry(p.tv)
                 touched.add(t)
                 per_expr = t.by_expr
                 if per_expr is None:
@@ -639,13 +650,13 @@ class Engine:
 
     def classify(self, tv):
         """(easy, competing): tv's choices that nothing competes with, and the rest."""
-        classified = self._classified(self.entries[tv])
+        classified = self._classified(self.entry(tv))
         return classified[0], classified[1]
 
     def current_choices(self, tv) -> list:
         """valid() as of now, kept with the classification (both change
         only when tv's proposals or decisions do); callers must not change it."""
-        return self._classified(self.entries[tv])[2]
+        return self._classified(self.entry(tv))[2]
 
     def _classified(self, t: TensorEntry) -> tuple:
         """(easy, competing, valid) choices of the tensor, kept until its
@@ -668,9 +679,8 @@ class Engine:
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason="") -> None:
         spreading = []
-        entries = self.entries
         for tv, m in items:
-            t = entries[tv]
+            t = self.entry(tv)
             if t.decided[m.axis] is not None:
                 continue
             self._decide(t, m, reason)
@@ -717,7 +727,7 @@ class Engine:
         stops there, for the conflict to be resolved like any other.
         `frontier`: [(TensorEntry, axis)] just decided. Every decision is
         recorded (_record), so _after_change finds the tensors it reached."""
-        entries, classes = self.entries, self.classes
+        classes = self.classes
         while frontier:
             arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, (source tv,), End)]}
             for origin, axis in frontier:
@@ -728,7 +738,7 @@ class Engine:
                 if alone is None:
                     alone = origin.as_source = (tv,)
                 for end in classes.ends_of(tv, axis):
-                    t = entries[end.tv]
+                    t = self.entry(end.tv)
                     if t.decided[end.axis] is not None:
                         continue
                     own = t.mesh or t.home
@@ -809,7 +819,7 @@ class Engine:
         pending = [(tv, m) for tv, m in items if m.reduction and m.digits]
         self._apply([(tv, m) for tv, m in items if not (m.reduction and m.digits)])
         for tv, m in pending:
-            t = self.entries[tv]
+            t = self.entry(tv)
             if t.decided[m.axis] is None:
                 choices, reason = self.resolver.weigh_partial_sum(tv, m)
                 self._apply([(tv, c) for c in choices], reason)
