@@ -46,6 +46,7 @@ cdef class Engine:
     cdef public list by_number
     cdef public set _stale
     cdef public dict _easy_targets
+    cdef public set _with_easy
     cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
@@ -143,11 +144,12 @@ cdef class Engine:
     cpdef _after_change(self)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
-                   meshes=dict)
+                   meshes=dict, state=dict, layouts=list)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict, reduction=list,
-                   k=Py_ssize_t, n=Py_ssize_t, t=TensorEntry, by_number=list, number=Py_ssize_t)
+                   k=Py_ssize_t, n=Py_ssize_t, t=TensorEntry, by_number=list, number=Py_ssize_t,
+                   annotations=dict)
     cpdef _seed(self)
 
     cdef TensorEntry entry(self, TensorView tv)

@@ -120,7 +120,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
 class Engine:
     __slots__ = (
         "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries", "by_number",
-        "_stale", "_easy_targets", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
+        "_stale", "_easy_targets", "_with_easy", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
         "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
         "_changed", "_held_back", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
     )
@@ -143,6 +143,7 @@ class Engine:
         # so each round touches only what changed (linear in program size).
         self._stale: set = set()
         self._easy_targets: dict = {}  # stage -> targets with easy proposals of that stage
+        self._with_easy: set = set()  # the targets in any of them
         self._conflicted: set = set()
         self._conflict_heap: list = []
         self._heap_counter = 0
@@ -166,13 +167,17 @@ class Engine:
     # -- setup ------------------------------------------------------------------------
     def _seed(self) -> None:
         home, flags, adjacent = self.home, self._reduction_axes, self.adjacent
+        # (an Annotation is immutable: one per tensor, kept with the fusion)
+        annotations = _kept_with_fusion(self.p, "annotation sources", dict)
         by_number = self.by_number = [None] * len(self.p.state)
         for tv, state in self.p.state.items():
             n = len(tv.logical)
             frozen = True
             if tv.mesh is not None:
                 prio = tv.sharding_priority or 0
-                source = Annotation(tv)
+                source = annotations.get(tv)
+                if source is None:
+                    source = annotations[tv] = Annotation(tv)
                 decided = []
                 reduction, layouts = flags[tv], state.layouts
                 for k in range(n):  # (an index loop over the kept flags: compiled, no method call per axis)
@@ -267,8 +272,10 @@ class Engine:
         for tv in stale:
             easy, competing = self.classify(tv)
             if not easy:  # (most stale tensors: no set of stages to make)
-                for targets in self._easy_targets.values():
-                    targets.discard(tv)
+                if tv in self._with_easy:  # (and in no stage's targets either)
+                    self._with_easy.discard(tv)
+                    for targets in self._easy_targets.values():
+                        targets.discard(tv)
             else:
                 stages = {m.stage for m in easy}
                 for stage, targets in self._easy_targets.items():
@@ -276,6 +283,7 @@ class Engine:
                         targets.discard(tv)
                 for stage in stages:
                     self._easy_targets.setdefault(stage, set()).add(tv)
+                self._with_easy.add(tv)
             if competing:
                 if tv not in self._conflicted:
                     self._conflicted.add(tv)
@@ -852,12 +860,17 @@ class Engine:
                     decided[k] = unreached
             meshes[tv] = t.mesh
         self.p.fill_meshes(meshes, self.frozen, self.home)
+        state = self.p.state
         for tv, t in self.entries.items():
             mesh = meshes[tv]
-            layouts = [d.digits for d in t.decided]
+            decided = t.decided
+            layouts = []
+            for k in range(len(decided)):  # (an index loop: compiled, d is typed)
+                d = decided[k]
+                layouts.append(d.digits)
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
-            self.p.state[tv] = new_state(mesh, layouts)
+            state[tv] = new_state(mesh, layouts)
 
 
 _CLASS = "pass-through class"  # TensorEntry.by_expr's key for proposals a class's spread left open
