@@ -201,14 +201,14 @@ class Engine:
                 self.frozen.add(tv)
             t = self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, flags[tv], adjacent[tv])
             number = t.number
-            if number >= len(by_number):  # (numbers count from 0 in a fusion: seldom)
+            if number >= len(by_number):  # (a fusion numbers its tensors from 0: seldom past the count)
                 by_number.extend([None] * (number + 1 - len(by_number)))
             if by_number[number] is not None:
                 raise NvShardError(f"{tv.short_name()} shares its number with {by_number[number].tv.short_name()}")
             by_number[number] = t
 
     def entry(self, tv) -> TensorEntry:
-        """tv's TensorEntry."""
+        """tv's TensorEntry, by its number (a list index: no hashing)."""
         return self.by_number[tv.number]
 
     # -- the main loop ----------------------------------------------------------------------

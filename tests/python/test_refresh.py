@@ -6,12 +6,13 @@ and the whole decision log equal a full re-derivation's (for the release,
 random programs never hold back anything that matters: the matmul example
 does, and tools/plan_census.py compares 3,000 programs)."""
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nvshard as nvfuser
-from nvshard import DataType, FusionDefinition
+from nvshard import DataType, FusionDefinition, NvShardError
 from nvshard.preseg.cost import CostModel
 from nvshard.preseg.engine import Engine, TensorEntry, _expr_structure, _in_number_order
 from nvshard.preseg.log import DecisionLog
@@ -98,6 +99,24 @@ def test_a_decision_re_derives_only_the_targets_on_its_factors():
     assert (len(derived), len(full_derived)) == (33, 35)
     # the first round derives everything in both
     assert derived[:22] == full_derived[:22]
+
+
+def test_entries_by_number_are_the_entries_by_tensor():
+    """The engine's hot paths find a tensor's entry by its number (a list
+    index): every tensor's slot holds that tensor's entry, and two tensors
+    with one number are refused by name rather than sharing an entry."""
+    fd, shapes = _mlp(2)
+    sizes = _sizes(fd.fusion, shapes, None)
+    program = Program(fd.fusion, sizes)
+    engine = Engine(program, CostModel(program, sizes), DecisionLog())
+    assert len(engine.entries) == len(program.state) > 0
+    for tv, entry in engine.entries.items():
+        assert entry.tv is tv and engine.by_number[tv.number] is entry
+    a, b = fd.fusion.tvs()[1:3]
+    b.number = a.number
+    program = Program(fd.fusion, sizes)
+    with pytest.raises(NvShardError, match=f"{b.short_name()} shares its number with {a.short_name()}"):
+        Engine(program, CostModel(program, sizes), DecisionLog())
 
 
 class _NotingClosedTargets(_CountingEngine):
