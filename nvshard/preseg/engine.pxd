@@ -186,8 +186,10 @@ cdef unsigned long long _MASK, _GOLDEN, _MIX1, _MIX2, _INPUT, _UNKNOWN
 @cython.locals(z=cython.ulonglong)
 cpdef unsigned long long _mix(unsigned long long h, unsigned long long x)
 
-@cython.locals(rules=list, last=list, e=Expr)
+@cython.locals(rules=list, last=list, e=Expr, sized=list)
 cpdef PassThroughClasses _pass_through_classes(Program program, set frozen, dict home)
+
+cpdef list _exprs_with_sized_rules(Program program)
 
 @cython.locals(i=Py_ssize_t)
 cpdef bint _same_objects(list a, list b) except -1

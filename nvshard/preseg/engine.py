@@ -984,8 +984,11 @@ def _pass_through_classes(program: Program, frozen: set, home: dict) -> PassThro
     structure, its annotations (which tensors are frozen, each one's stage
     mesh) and its rules (which concrete sizes may change): the last ones
     made are kept with the fusion (read only) and serve the next plan whose
-    annotations and rules are the same."""
-    rules = [program.rule(e) for e in program.exprs if e.tv_outputs]
+    annotations and rules are the same. Only the rules of ops that read
+    concrete sizes can differ between plans (an expr's other rule is made
+    once): those are the ones compared."""
+    sized = _kept_with_fusion(program, "exprs with sized rules", _exprs_with_sized_rules, program)
+    rules = [program.rule(e) for e in sized]
     last = _kept_with_fusion(program, "pass-through classes", list)  # [(frozen, home, rules, classes)] once made
     if last:
         kept_frozen, kept_home, kept_rules, classes = last[0]
@@ -994,6 +997,11 @@ def _pass_through_classes(program: Program, frozen: set, home: dict) -> PassThro
     classes = PassThroughClasses(program, frozen, home)
     last[:] = [(set(frozen), home, rules, classes)]  # (home is read only: _stage_meshes)
     return classes
+
+
+def _exprs_with_sized_rules(program: Program) -> list:
+    """The exprs whose rule depends on concrete sizes (Op.rule_needs_sizes)."""
+    return [e for e in program.exprs if e.tv_outputs and e.op.rule_needs_sizes]
 
 
 def _same_objects(a: list, b: list) -> bool:
