@@ -272,7 +272,7 @@ class Engine:
         for tv in stale:
             easy, competing = self.classify(tv)
             if not easy:  # (most stale tensors: no set of stages to make)
-                if tv in self._with_easy:  # (and in no stage's targets either)
+                if tv in self._with_easy:  # (otherwise no stage's targets hold it: nothing to discard)
                     self._with_easy.discard(tv)
                     for targets in self._easy_targets.values():
                         targets.discard(tv)
