@@ -48,17 +48,19 @@ cdef class ConflictResolver:
     @cython.locals(pending=Choice, whole=Choice, best=Py_ssize_t, i=Py_ssize_t)
     cpdef tuple weigh_partial_sum(self, tv, Choice pending)
 
-    @cython.locals(m=Choice, pool=list, candidates=list, by_axis=dict, chosen=list, options=list, opts=list, at=list,
-                   n=Py_ssize_t, i=Py_ssize_t)
-    cpdef tuple _candidates(self, tv)
+    @cython.locals(easy=list, conflicting=list, tensors=list, sharing=list, pool=list, known=tuple, candidates=list,
+                   shape=tuple, costs=list, rankings=dict)
+    cpdef tuple _priced_candidates(self, tv)
 
-    @cython.locals(around=list, tensors=list, sharing=list, known=tuple, costs=list, cost=Cost, unnamed=list,
-                   rankings=dict)
-    cpdef tuple _costs(self, tv, list candidates)
+    @cython.locals(tensors=list, sharing=list, known=tuple, costs=list)
+    cpdef list _costs(self, tv, list candidates)
+
+    @cython.locals(around=list, costs=list)
+    cpdef list _priced(self, tv, list candidates, list sharing)
 
     @cython.locals(engine=Engine, cost=CostModel, parts=list, seen=set, shared=dict, sharing=list,
                    place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t)
-    cpdef tuple _question(self, tv, list candidates)
+    cpdef tuple _question(self, tv, Py_ssize_t kind, list lists)
 
     @cython.locals(d=Decision, decided=list, k=Py_ssize_t)
     cpdef _add_state(self, list parts, TensorEntry entry)
@@ -88,6 +90,22 @@ cdef class ConflictResolver:
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)
 
 
+
+@cython.locals(m=Choice, pool=list, axes=tuple, j=Py_ssize_t)
+cpdef list _pool(list easy, list conflicting)
+
+@cython.locals(m=Choice, candidates=list, by_axis=dict, chosen=list, options=list, opts=list, at=list, n=Py_ssize_t,
+               i=Py_ssize_t)
+cpdef list _candidates(list pool)
+
+@cython.locals(shapes=list, c=list, m=Choice)
+cpdef tuple _shapes(list candidates, list pool)
+
+@cython.locals(unnamed=list, cost=Cost)
+cpdef list _unnamed(list costs, list tensors)
+
+@cython.locals(costs=list, cost=Cost)
+cpdef list _renamed(list unnamed, list tensors)
 
 @cython.locals(i=Py_ssize_t)
 cpdef Py_ssize_t _position(list tensors, tv) except -1

@@ -34,6 +34,8 @@ from .reshard import LastNumbered, numbered
 _FORWARD = Direction.FORWARD  # (an Enum class's attribute read is slow on Python 3.11)
 _NOTHING_DROPPED = float("inf")  # a candidate's dropped priority when it leaves nothing out
 _OPEN = -2  # an open axis in a question (-1: replicated; layouts are numbered from 0)
+# what a question's choice lists are (_question): the candidates, or the choices they are made of
+_LISTED, _POOL = 0, 1
 
 
 @cython.no_gc
@@ -73,7 +75,9 @@ class ConflictResolver:
         them with the fusion."""
         self.engine = engine
         self.cost = engine.cost
-        self._answers: dict = {}  # question (_question) -> (candidates' costs unnamed, their rankings (resolve))
+        # question (_question) -> (candidates' costs unnamed, their rankings
+        # (resolve), the candidates as places in the pool (kind _POOL))
+        self._answers: dict = {}
         self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
         self._places: dict = places
         # questions name meshes, rule texts with places, and state keys by
@@ -83,8 +87,7 @@ class ConflictResolver:
 
     def resolve(self, tv) -> tuple:
         """(the winning choices, why), logged with every candidate's cost."""
-        candidates, pool = self._candidates(tv)
-        costs, rankings = self._costs(tv, candidates)
+        candidates, pool, costs, rankings = self._priced_candidates(tv)
         # What ranks the candidates besides their costs and facts (both fixed
         # by the question): the best priority each leaves out, and how many of
         # its choices keep a producer's sharding. Stacked layers rank alike.
@@ -149,7 +152,7 @@ class ConflictResolver:
         wants the shard annotates the output, and gets the reduce-scatter)."""
         whole = Choice(pending.axis, (), pending.mesh, pending.priority, pending.stage, True, list(pending.sources))
         options = [[pending], [whole]]
-        costs = self._costs(tv, options)[0]
+        costs = self._costs(tv, options)
         best = 0  # ties keep the partial sum
         for i in range(1, len(options)):
             if costs[i].key() < costs[best].key():
@@ -161,82 +164,55 @@ class ConflictResolver:
         self.engine.log.conflict(tv, [(options[i], costs[i]) for i in order], options[best], reason)
         return options[best], reason
 
-    def _candidates(self, tv) -> tuple:
+    def _priced_candidates(self, tv) -> tuple:
+        """(tv's candidates, the pool of choices they are made of, each
+        candidate's cost, the rankings kept with them). Stacked layers meet
+        the same conflict over and over: what the costs depend on (the
+        question) names tv's easy and competing choices, which fix the
+        candidates, so an answer kept for the question holds the candidates
+        too (as places in the pool), the costs with the tensors' names put
+        back, and the candidates' rankings (resolve)."""
         easy, conflicting = self.engine.classify(tv)
-        pool = easy + conflicting
-        # A layout over several mesh axes may lose its inner ones to a competitor
-        # and keep its outer ones: offer those prefixes too.
-        for m in list(conflicting):
-            if len(m.mesh_axes) < 2:
-                continue  # (one mesh axis or none: no outer part to keep)
-            axes = layout.mesh_axes_of(m.digits)
-            for j in range(1, len(axes)):
-                digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
-                if not _offered(pool, m.axis, digits):
-                    pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, m.reduction, list(m.sources)))
-        by_axis: dict = {}
-        for m in pool:
-            by_axis.setdefault(m.axis, []).append(m)
-        # every way to take at most one choice per axis, as itertools.product
-        # lists them (axes in order, the last turning fastest, each axis's
-        # choices before none): an odometer over the axes, compiled, with no
-        # tuple per combination
-        options = []
-        for a in sorted(by_axis):
-            opts = by_axis[a]
-            opts.append(None)
-            options.append(opts)
-        n = len(options)
-        at = [0] * n
-        candidates = []
-        while True:
-            chosen = []
-            for i in range(n):
-                m = options[i][at[i]]
-                if m is not None:
-                    chosen.append(m)
-            if chosen and not _any_compete(chosen):
-                candidates.append(chosen)
-            i = n - 1
-            while i >= 0:
-                at[i] += 1
-                if at[i] < len(options[i]):
-                    break
-                at[i] = 0
-                i -= 1
-            if i < 0:
-                break
-        # keep maximal candidates only: adding a compatible choice is free
-        return _maximal(candidates), pool
-
-    def _costs(self, tv, candidates: list) -> tuple:
-        """(each candidate's cost, the rankings kept with them). Stacked
-        layers meet the same conflict over and over: the costs are kept by
-        everything they depend on (the question), with the tensors' names
-        put back, and so are the candidates' rankings (resolve)."""
-        question, tensors, sharing = self._question(tv, candidates)
+        question, tensors, sharing = self._question(tv, _POOL, [easy, conflicting])
+        pool = _pool(easy, conflicting)
         known = self._answers.get(question)
-        costs = []
         if known is not None:
-            unnamed = known[0]
-            for cost in unnamed:  # (a loop: compiled, a comprehension's variable is untyped)
-                costs.append(cost.renamed(tensors))
-            return costs, known[1]
-        around = self._around(tv, sharing)  # (only a question asked for the first time prices candidates)
+            candidates = []
+            for shape in known[2]:  # (a loop: compiled, a comprehension's variable is untyped)
+                candidates.append([pool[i] for i in shape])
+            return candidates, pool, _renamed(known[0], tensors), known[1]
+        candidates = _candidates(pool)
+        costs = self._priced(tv, candidates, sharing)
+        rankings = {}
+        self._answers[question] = (_unnamed(costs, tensors), rankings, _shapes(candidates, pool))
+        return candidates, pool, costs, rankings
+
+    def _costs(self, tv, candidates: list) -> list:
+        """Each candidate's cost, kept by its question as _priced_candidates
+        keeps them (these candidates are listed whole: no pool makes them)."""
+        question, tensors, sharing = self._question(tv, _LISTED, candidates)
+        known = self._answers.get(question)
+        if known is not None:
+            return _renamed(known[0], tensors)
+        costs = self._priced(tv, candidates, sharing)
+        self._answers[question] = (_unnamed(costs, tensors), None, None)
+        return costs
+
+    def _priced(self, tv, candidates: list, sharing: list) -> list:
+        """Each candidate's cost, priced afresh (a question asked for the first time)."""
+        around = self._around(tv, sharing)
+        costs = []
         for c in candidates:
             costs.append(self._cost(tv, c, around))
-        unnamed = []
-        for cost in costs:
-            unnamed.append(cost.unnamed(tensors))
-        rankings = {}
-        self._answers[question] = (unnamed, rankings)
-        return costs, rankings
+        return costs
 
-    def _question(self, tv, candidates: list) -> tuple:
+    def _question(self, tv, kind: int, lists: list) -> tuple:
         """(what the candidates' costs depend on, with tensors as places in
         the neighbourhood; the neighbourhood's tensors, tv first; per adjacent
-        expr how its operands are shared): tv's state and the candidates; per
-        adjacent expr its rule, which places its tensors are, the other
+        expr how its operands are shared): tv's state and the choice lists,
+        which are the candidates themselves (kind _LISTED) or tv's easy and
+        competing choices, which fix them (kind _POOL: _pool, _candidates);
+        per adjacent expr its rule, which places its tensors are, the other
         tensors' states, the choices of its open results (_options) and how
         its operands are shared (_sharing); and each place's signature
         (dtype, axes, extents, weight). One flat tuple of ints: meshes,
@@ -248,9 +224,10 @@ class ConflictResolver:
         tensors, place, fixed = self._neighbourhood(tv)
         parts = list(fixed)
         self._add_state(parts, own)
-        parts.append(len(candidates))
-        for i in range(len(candidates)):  # (an index loop: compiled, no iterator)
-            self._add_choices(parts, candidates[i])
+        parts.append(kind)
+        parts.append(len(lists))
+        for i in range(len(lists)):  # (an index loop: compiled, no iterator)
+            self._add_choices(parts, lists[i])
         seen = {tv}
         sharing = []
         for e in own.adjacent:
@@ -458,9 +435,88 @@ class ConflictResolver:
         return join_axis([per_factor.get(f, ()) for f in factors], factors, rule)
 
 
+def _pool(easy: list, conflicting: list) -> list:
+    """The choices a conflicted tensor's candidates are made of: its easy and
+    competing ones and, as a layout over several mesh axes may lose its inner
+    ones to a competitor and keep its outer ones, those prefixes too."""
+    pool = easy + conflicting
+    for m in conflicting:
+        if len(m.mesh_axes) < 2:
+            continue  # (one mesh axis or none: no outer part to keep)
+        axes = layout.mesh_axes_of(m.digits)
+        for j in range(1, len(axes)):
+            digits = layout.keep_outer(m.digits, set(axes[j:]), m.mesh.axis_sizes())
+            if not _offered(pool, m.axis, digits):
+                pool.append(Choice(m.axis, digits, m.mesh, m.priority, m.stage, m.reduction, list(m.sources)))
+    return pool
+
+
+def _candidates(pool: list) -> list:
+    """The maximal sets of the pool's choices that take at most one choice
+    per axis and of which no two compete, in itertools.product's order
+    (axes in order, the last turning fastest, each axis's choices before
+    none)."""
+    by_axis: dict = {}
+    for m in pool:
+        by_axis.setdefault(m.axis, []).append(m)
+    # an odometer over the axes, compiled, with no tuple per combination
+    options = []
+    for a in sorted(by_axis):
+        opts = by_axis[a]
+        opts.append(None)
+        options.append(opts)
+    n = len(options)
+    at = [0] * n
+    candidates = []
+    while True:
+        chosen = []
+        for i in range(n):
+            m = options[i][at[i]]
+            if m is not None:
+                chosen.append(m)
+        if chosen and not _any_compete(chosen):
+            candidates.append(chosen)
+        i = n - 1
+        while i >= 0:
+            at[i] += 1
+            if at[i] < len(options[i]):
+                break
+            at[i] = 0
+            i -= 1
+        if i < 0:
+            break
+    # keep maximal candidates only: adding a compatible choice is free
+    return _maximal(candidates)
+
+
+def _shapes(candidates: list, pool: list) -> tuple:
+    """Each candidate as the places of its choices in the pool (a question
+    fixes the pool's choices, not the objects: another tensor's pool with an
+    equal question rebuilds its candidates from these)."""
+    shapes = []
+    for c in candidates:
+        shapes.append(tuple([_position(pool, m) for m in c]))
+    return tuple(shapes)
+
+
+def _unnamed(costs: list, tensors: list) -> list:
+    unnamed = []
+    for cost in costs:  # (a loop: compiled, a comprehension's variable is untyped)
+        unnamed.append(cost.unnamed(tensors))
+    return unnamed
+
+
+def _renamed(unnamed: list, tensors: list) -> list:
+    costs = []
+    for cost in unnamed:
+        costs.append(cost.renamed(tensors))
+    return costs
+
+
 def _position(tensors: list, tv) -> int:
-    """tensors.index(tv) (a loop by identity, as TensorViews compare: compiled,
-    a C loop rather than a method called through Python's protocol)."""
+    """tensors.index(tv) (a loop by identity, as TensorViews and choices
+    compare: compiled, a C loop rather than a method called through
+    Python's protocol)."""
     for i in range(len(tensors)):
         if tensors[i] is tv:
             return i

@@ -52,8 +52,8 @@ def _asked_and_explained(monkeypatch, fd, shapes, remember: bool):
     # A subclass, not a patched method: compiled, ConflictResolver is an
     # extension type (its methods cannot be replaced, only overridden).
     class Asking(ConflictResolver):
-        def _question(self, tv, candidates):
-            key, tensors, sharing = ConflictResolver._question(self, tv, candidates)
+        def _question(self, tv, kind, lists):
+            key, tensors, sharing = ConflictResolver._question(self, tv, kind, lists)
             asked.append(key)
             return (key if remember else object()), tensors, sharing
 
