@@ -839,8 +839,10 @@ class Engine:
         decided, self._changed = self._changed, []
         exprs: dict = {}
         internal = self.classes.internal
+        # (no tensor to invalidate here: _record did, where a decided tensor
+        # had a classification or proposals; one with neither classifies as
+        # nothing whatever it decides)
         for t in _in_number_order(decided):
-            self._invalidate(t)
             for e in t.adjacent:
                 if e not in internal:  # (_refresh would skip it: its axes hear of each other through their class)
                     exprs[e] = None
