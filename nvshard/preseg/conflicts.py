@@ -500,6 +500,7 @@ def _shapes(candidates: list, pool: list) -> tuple:
 
 
 def _unnamed(costs: list, tensors: list) -> list:
+    """The costs with their tensors named by place in `tensors` (kept for a question)."""
     unnamed = []
     for cost in costs:  # (a loop: compiled, a comprehension's variable is untyped)
         unnamed.append(cost.unnamed(tensors))
@@ -507,6 +508,7 @@ def _unnamed(costs: list, tensors: list) -> list:
 
 
 def _renamed(unnamed: list, tensors: list) -> list:
+    """Kept costs with their places named by this neighbourhood's tensors."""
     costs = []
     for cost in unnamed:
         costs.append(cost.renamed(tensors))
