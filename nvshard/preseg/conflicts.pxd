@@ -70,9 +70,13 @@ cdef class ConflictResolver:
 
     cpdef object _mesh_number(self, mesh)
 
-    @cython.locals(engine=Engine, tensors=list, place=dict, fixed=list, ends=list, e=Expr, adjacent=list,
-                   placed=tuple, expr_places=list, i=Py_ssize_t, own=TensorEntry)
+    @cython.locals(engine=Engine, cost=CostModel, tensors=list, place=dict, fixed=tuple, sized=tuple, e=Expr,
+                   adjacent=list, placed=tuple, per_plan=list, i=Py_ssize_t)
     cpdef tuple _neighbourhood(self, tv)
+
+    @cython.locals(engine=Engine, cost=CostModel, tensors=list, place=dict, fixed=list, sized=list, ends=list, e=Expr,
+                   i=Py_ssize_t)
+    cpdef tuple _placed(self, tv, list adjacent)
 
     @cython.locals(engine=Engine, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,
                    i=Py_ssize_t, own=TensorEntry)

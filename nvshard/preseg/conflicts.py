@@ -286,36 +286,55 @@ class ConflictResolver:
         """(tv and the tensors of its adjacent exprs, in the order questions
         name them; their places; the question's part its structure fixes:
         per adjacent expr its question head's number and its tensors'
-        places, and each tensor's signature number, as ints with their
-        counts): fixed per tensor, kept."""
+        places, and each tensor's signature as its shape's number, then
+        per tensor the rest of its signature (CostModel.signature_flags),
+        as ints with their counts): fixed per tensor, kept. Shapes are
+        numbered once per fusion (equal shapes, equal signatures under any
+        sizes: a question that names shapes is answered for tensors of
+        equal signatures alike, since their costs are); only the rules of
+        ops that read sizes and the flags are read per plan (_placed)."""
         known = self._neighbourhoods.get(tv)
         if known is None:
-            engine = self.engine
-            own = engine.entry(tv)
-            adjacent = own.adjacent
+            engine, cost = self.engine, self.cost
+            adjacent = engine.entry(tv).adjacent
             placed = self._places.get(tv)
             if placed is None:  # (the first plan of the fusion)
-                tensors, place, expr_places = [tv], {tv: 0}, []
-                for e in adjacent:
-                    ends = e.tv_inputs + e.tv_outputs
-                    for t in ends:
-                        if t not in place:
-                            place[t] = len(tensors)
-                            tensors.append(t)
-                    expr_places.append(tuple([place[t] for t in ends]))
-                placed = self._places[tv] = (tensors, place, expr_places)
-            tensors, place, expr_places = placed
-            fixed = [len(adjacent)]
-            for i in range(len(adjacent)):  # (rules may change with the sizes: read per plan)
-                # the rule's head number (kept with the rule) fixes how many places follow
+                placed = self._places[tv] = self._placed(tv, adjacent)
+            tensors, place, fixed, sized = placed
+            per_plan = []
+            for i in sized:  # (a rule that reads sizes may change with them: its head is read per plan)
                 e = adjacent[i]
-                fixed.append(question_head_number(e, engine.p.rule(e)))
-                fixed.extend(expr_places[i])
-            fixed.append(len(tensors))
+                per_plan.append(question_head_number(e, engine.p.rule(e)))
             for i in range(len(tensors)):
-                fixed.append(self.cost.signature_number(tensors[i]))
-            known = self._neighbourhoods[tv] = (tensors, place, tuple(fixed))
+                per_plan.append(cost.signature_flags(tensors[i]))
+            known = self._neighbourhoods[tv] = (tensors, place, fixed + tuple(per_plan))
         return known
+
+    def _placed(self, tv, adjacent: list) -> tuple:
+        """What of tv's neighbourhood the fusion fixes, kept with it: (its
+        tensors, their places, per adjacent expr its question head's number
+        (-1 where its rule reads sizes) and its tensors' places and per
+        tensor its shape's number, as ints with their counts; the positions
+        of the adjacent exprs whose rules read sizes)."""
+        engine, cost = self.engine, self.cost
+        tensors, place, fixed, sized = [tv], {tv: 0}, [len(adjacent)], []
+        for i in range(len(adjacent)):
+            e = adjacent[i]
+            ends = e.tv_inputs + e.tv_outputs
+            for t in ends:
+                if t not in place:
+                    place[t] = len(tensors)
+                    tensors.append(t)
+            if e.op.rule_needs_sizes:
+                sized.append(i)
+                fixed.append(-1)
+            else:  # (any other rule is made once and never changes)
+                fixed.append(question_head_number(e, engine.p.rule(e)))
+            fixed.extend([place[t] for t in ends])
+        fixed.append(len(tensors))
+        for i in range(len(tensors)):
+            fixed.append(cost.shape_number(tensors[i]))
+        return tensors, place, tuple(fixed), tuple(sized)
 
     def _around(self, tv, sharing: list) -> list:
         """What a candidate's cost depends on besides the candidate, per expr

@@ -47,6 +47,8 @@ cdef class CostModel:
     cpdef tuple signature(self, TensorView tv)
 
     cpdef signature_number(self, TensorView tv)
+    cpdef Py_ssize_t shape_number(self, TensorView tv) except -1
+    cpdef Py_ssize_t signature_flags(self, TensorView tv) except -1
 
     cpdef layout_number(self, digits)
 

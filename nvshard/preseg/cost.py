@@ -140,9 +140,19 @@ class CostModel:
         is built or hashed)."""
         n = self._signature_numbers.get(tv)
         if n is None:
-            n = self._signature_numbers[tv] = (
-                4 * self.numel.signature_number(tv) + 2 * self.is_weight(tv) + annotated_sum(tv))
+            n = self._signature_numbers[tv] = 4 * self.numel.signature_number(tv) + self.signature_flags(tv)
         return n
+
+    def shape_number(self, tv: TensorView) -> int:
+        """The number of tv's shape (its item size and, per axis, canonical
+        extent and kind), kept with the fusion: the same in every plan, and
+        tensors of equal shapes have equal numel signatures under any sizes."""
+        return _shape_number(tv, self.numel._shapes)
+
+    def signature_flags(self, tv: TensorView) -> int:
+        """What signature(tv) says besides the numel signature, as an int:
+        2 * is_weight(tv) + whether the user annotated a pending sum on it."""
+        return 2 * self.is_weight(tv) + annotated_sum(tv)
 
     def layout_number(self, digits):
         """layout.key(digits)'s number (-1: replicated): equal layouts, equal

@@ -275,3 +275,58 @@ def test_remembered_completions_cost_what_fresh_ones_do(monkeypatch):
     assert "pending sum" in remembered
     # a completion asked twice (same expr, operands and results): a remembered answer served one
     assert len(asked) > len(set(asked))
+
+
+def _two_projections(d=4, h=16, n=32):
+    """x (tokens symbolic) projected twice, alike in shape: by an input
+    weight w (static extents: a weight under symbolic sizes) and by relu(v),
+    which is not one; each result reshaped. The two conflicts' structures
+    agree but for the weight."""
+    mesh = nvfuser.multidevice.DeviceMesh(torch.arange(d))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, h], dtype=DataType.Float, contiguity=True)
+        w = fd.define_tensor([n, h], dtype=DataType.Float, contiguity=True)
+        v = fd.define_tensor([n, h], dtype=DataType.Float, contiguity=True)
+        for a, weight in ((fd.ops.relu(x), w), (fd.ops.neg(x), fd.ops.relu(v))):
+            fd.add_output(fd.ops.relu(fd.ops.reshape(fd.ops.linear(a, weight), new_shape=[-1, 4])))
+        for tv in (x, w, v):
+            tv.set_device_mesh(mesh)
+            tv.outer_split(0, d)
+            tv.axis(0).parallelize(P.mesh_x)
+    return fd, [[64, h], [n, h], [n, h]]
+
+
+def test_kept_neighbourhoods_name_this_plans_signatures(monkeypatch):
+    """A conflict's question names its neighbourhood's structure from what
+    is kept with the fusion (places, shapes, the rules that never change)
+    and the rest per plan (weights and annotated sums, rules that read
+    sizes). Replanning one fusion at concrete and symbolic sizes, any two
+    conflicts of a plan whose neighbourhood parts are equal must have
+    equal signatures and rules place by place (the weight flag kept from
+    the first plan fails this: under symbolic sizes the two projections'
+    parts would be equal, their signatures not)."""
+    from nvshard.preseg.projection import question_head
+
+    seen = []  # per plan: [(neighbourhood part, signatures, rule heads)]
+
+    class Watching(ConflictResolver):
+        def _neighbourhood(self, tv):
+            known = ConflictResolver._neighbourhood(self, tv)
+            tensors, _, part = known
+            rules = [question_head(e, self.engine.p.rule(e)) for e in self.engine.entries[tv].adjacent]
+            seen[-1].append((part, [self.cost.signature(t) for t in tensors], rules))
+            return known
+
+    monkeypatch.setattr(engine, "ConflictResolver", Watching)
+    fd, shapes = _two_projections()
+    alike = 0
+    for sizes in (shapes, None, shapes, None):
+        seen.append([])
+        nvfuser.propagate_shardings(fd, sizes)
+        for i, (part, signatures, rules) in enumerate(seen[-1]):
+            for other, other_signatures, other_rules in seen[-1][i + 1:]:
+                if part == other:
+                    alike += 1
+                    assert (signatures, rules) == (other_signatures, other_rules)
+    assert [len(plan) for plan in seen] == [2, 2, 2, 2]
+    assert alike == 2  # the concrete plans' two conflicts; the symbolic plans' differ by the weight
