@@ -362,7 +362,10 @@ def _per_plan(tool: list, family: str, layers: int, parse) -> dict:
     if valgrind is None:
         raise SystemExit("--instructions and --cache need valgrind (apt install valgrind)")
     low, high = _PLAN_REPEATS.get(family, (1, 4))
-    env = dict(os.environ, PYTHONHASHSEED="0")
+    # One BLAS thread: torch's pool, woken by a tensor op while a program is
+    # built, spins for a while, and valgrind counts its instructions with the
+    # plan's (the transformer stacks' counts moved by 4M from run to run).
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     procs = [subprocess.Popen([valgrind, *tool, sys.executable,
                                os.path.abspath(__file__), "--plans", family, str(layers), str(k)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
