@@ -289,10 +289,10 @@ class ConflictResolver:
         places, and each tensor's signature as its shape's number, then
         per tensor the rest of its signature (CostModel.signature_flags),
         as ints with their counts): fixed per tensor, kept. Shapes are
-        numbered once per fusion (equal shapes, equal signatures under any
-        sizes: a question that names shapes is answered for tensors of
-        equal signatures alike, since their costs are); only the rules of
-        ops that read sizes and the flags are read per plan (_placed)."""
+        numbered once per fusion, and tensors of equal shapes have equal
+        signatures under any sizes: a question that names shapes is at
+        most finer than one that names signatures. Only the rules of ops
+        that read sizes and the flags are read per plan (_placed)."""
         known = self._neighbourhoods.get(tv)
         if known is None:
             engine, cost = self.engine, self.cost
