@@ -49,7 +49,7 @@ cdef class ConflictResolver:
     cpdef tuple weigh_partial_sum(self, tv, Choice pending)
 
     @cython.locals(easy=list, conflicting=list, tensors=list, sharing=list, pool=list, known=tuple, candidates=list,
-                   shape=tuple, costs=list, rankings=dict)
+                   places=tuple, costs=list, rankings=dict)
     cpdef tuple _priced_candidates(self, tv)
 
     @cython.locals(tensors=list, sharing=list, known=tuple, costs=list)
@@ -102,8 +102,8 @@ cpdef list _pool(list easy, list conflicting)
                i=Py_ssize_t)
 cpdef list _candidates(list pool)
 
-@cython.locals(shapes=list, c=list, m=Choice)
-cpdef tuple _shapes(list candidates, list pool)
+@cython.locals(places=list, c=list, m=Choice)
+cpdef tuple _pool_places(list candidates, list pool)
 
 @cython.locals(unnamed=list, cost=Cost)
 cpdef list _unnamed(list costs, list tensors)

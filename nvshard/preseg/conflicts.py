@@ -70,15 +70,16 @@ class ConflictResolver:
     __slots__ = ("engine", "cost", "_answers", "_neighbourhoods", "_places", "_numbers", "_meshes")
 
     def __init__(self, engine, places: dict):
-        """places: where to keep each tensor's neighbourhood places
-        (_neighbourhood), fixed by the fusion's structure: the engine keeps
-        them with the fusion."""
+        """places: where to keep what the fusion fixes of each tensor's
+        neighbourhood (_placed: its tensors' places, the heads of the rules
+        that never change, its tensors' shapes): the engine keeps it with
+        the fusion."""
         self.engine = engine
         self.cost = engine.cost
         # question (_question) -> (candidates' costs unnamed, their rankings
         # (resolve), the candidates as places in the pool (kind _POOL))
         self._answers: dict = {}
-        self._neighbourhoods: dict = {}  # tv -> what of its questions its structure fixes (_neighbourhood)
+        self._neighbourhoods: dict = {}  # tv -> its neighbourhood as this plan's questions name it (_neighbourhood)
         self._places: dict = places
         # questions name meshes, rule texts with places, and state keys by
         # numbers (in one table: the kinds of value never compare equal)
@@ -178,13 +179,13 @@ class ConflictResolver:
         known = self._answers.get(question)
         if known is not None:
             candidates = []
-            for shape in known[2]:  # (a loop: compiled, a comprehension's variable is untyped)
-                candidates.append([pool[i] for i in shape])
+            for places in known[2]:  # (a loop: compiled, a comprehension's variable is untyped)
+                candidates.append([pool[i] for i in places])
             return candidates, pool, _renamed(known[0], tensors), known[1]
         candidates = _candidates(pool)
         costs = self._priced(tv, candidates, sharing)
         rankings = {}
-        self._answers[question] = (_unnamed(costs, tensors), rankings, _shapes(candidates, pool))
+        self._answers[question] = (_unnamed(costs, tensors), rankings, _pool_places(candidates, pool))
         return candidates, pool, costs, rankings
 
     def _costs(self, tv, candidates: list) -> list:
@@ -508,14 +509,14 @@ def _candidates(pool: list) -> list:
     return _maximal(candidates)
 
 
-def _shapes(candidates: list, pool: list) -> tuple:
+def _pool_places(candidates: list, pool: list) -> tuple:
     """Each candidate as the places of its choices in the pool (a question
     fixes the pool's choices, not the objects: another tensor's pool with an
     equal question rebuilds its candidates from these)."""
-    shapes = []
+    places = []
     for c in candidates:
-        shapes.append(tuple([_position(pool, m) for m in c]))
-    return tuple(shapes)
+        places.append(tuple([_position(pool, m) for m in c]))
+    return tuple(places)
 
 
 def _unnamed(costs: list, tensors: list) -> list:
