@@ -30,10 +30,24 @@ cdef class TensorEntry:
     cdef public tuple as_source
     cdef public set changed_axes
     cdef public bint closed
+    cdef public tuple order
+    cdef public Py_ssize_t refreshed
 
 
 @cython.locals(t=TensorEntry)
 cpdef TensorEntry new_entry(TensorView tv, list decided, mesh, home, bint frozen, list reduction_flags, list adjacent)
+
+
+cdef class ExprEntry:
+    cdef public Expr expr
+    cdef public object rule
+    cdef public list slots, kinds
+    cdef public bint has_sum
+    cdef public tuple open_to
+    cdef public list slot_entries
+    cdef public object linked
+    cdef public list proposals
+    cdef public tuple per_target
 
 
 cdef class Engine:
@@ -42,7 +56,7 @@ cdef class Engine:
     cdef public DecisionLog log
     cdef public set frozen
     cdef public object level, releasing
-    cdef public dict proposals, entries
+    cdef public dict expr_entries, entries
     cdef public list by_number
     cdef public set _stale
     cdef public dict _easy_targets
@@ -50,11 +64,11 @@ cdef class Engine:
     cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
-    cdef public dict adjacent, _reduction_axes, _layouts_seen, _open_to
-    cdef public dict _per_target
+    cdef public dict adjacent, _reduction_axes, _layouts_seen
     cdef public list _changed
     cdef public set _held_back
     cdef public object _refresh_by_factor
+    cdef public Py_ssize_t _refreshes
     cdef public dict home
     cdef public object resolver
     cdef public PassThroughClasses classes
@@ -63,10 +77,13 @@ cdef class Engine:
     @cython.locals(d=Decision, used=frozenset, flags=list, decided=list, k=Py_ssize_t)
     cpdef frozenset used(self, TensorEntry t, bint reduction)
 
-    @cython.locals(s=AxisFactors, d=Decision, frozen=set, opinions=dict, proposals=list,
+    @cython.locals(frozen=set, entries=dict, r=ExprEntry, slots=list)
+    cpdef ExprEntry _expr_entry(self, Expr expr)
+
+    @cython.locals(s=AxisFactors, d=Decision, opinions=dict, proposals=list, previous=tuple,
                    per_target=dict, targets=list, slots=list, i=Py_ssize_t, t=TensorEntry,
-                   entries=dict, cached=tuple, open_to=tuple, slot_entries=list, crossed=set)
-    cpdef list _expr_proposals(self, expr, bint by_factor=*)
+                   open_to=tuple, slot_entries=list, crossed=set)
+    cpdef list _expr_proposals(self, ExprEntry r, bint by_factor=*)
 
     @cython.locals(c=Opinion, o=Opinion)
     cpdef _target_proposals(self, i, AxisFactors s, expr, rule, kinds, dict opinions, linked, waiting, is_pending,
@@ -101,7 +118,8 @@ cdef class Engine:
                    taken=list)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
-    @cython.locals(m=Choice, stale=set, easy=list, competing=list, stages=set, targets=set)
+    @cython.locals(m=Choice, stale=set, easy=list, competing=list, stages=set, targets=set, by_number=list,
+                   t=TensorEntry, classified=tuple)
     cpdef _reclassify(self)
 
     @cython.locals(e=Expr, out=list)
@@ -119,7 +137,7 @@ cdef class Engine:
     @cython.locals(heap=list, top=tuple, current=tuple)
     cpdef _next_conflict(self)
 
-    @cython.locals(m=Choice, competing=list)
+    @cython.locals(m=Choice, competing=list, t=TensorEntry, order=tuple)
     cpdef tuple _conflict_order(self, TensorView tv)
 
     @cython.locals(mesh=DeviceMesh, sizes=dict, used=frozenset)
@@ -127,8 +145,8 @@ cdef class Engine:
 
     cpdef tuple _layout_facts(self, digits)
 
-    @cython.locals(p=Proposal, touched=set, old=list, new=list, per_expr=dict, props=list,
-                   t=TensorEntry, internal=set)
+    @cython.locals(p=Proposal, touched=list, old=list, new=list, per_expr=dict, props=list,
+                   t=TensorEntry, internal=set, expr_entries=dict, r=ExprEntry, stamp=Py_ssize_t)
     cpdef _refresh(self, exprs, bint by_factor=*)
 
     cpdef _invalidate(self, TensorEntry t)
@@ -144,7 +162,7 @@ cdef class Engine:
     cpdef _after_change(self)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
-                   meshes=dict, state=dict, layouts=list)
+                   meshes=dict, state=dict, layouts=list, layouts_of=list, i=Py_ssize_t)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict, reduction=list,

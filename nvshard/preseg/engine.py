@@ -84,7 +84,8 @@ class TensorEntry:
     inner loops look a tensor up once, not once per thing they read of it."""
 
     __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
-                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes", "closed")
+                 "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes", "closed",
+                 "order", "refreshed")
 
     tv: object
     number: int  # the tensor's number (the order every rank visits tensors in)
@@ -104,6 +105,8 @@ class TensorEntry:
     as_source: object
     changed_axes: object  # the axes decided since the adjacent exprs' last refresh (a set), or None
     closed: bool  # no more decisions can reach it (Engine._closed): frozen, or every mesh axis taken
+    order: object  # (depth, structural key) once it is conflicted (Engine._conflict_order), else None
+    refreshed: int  # the number of the last refresh that touched its proposals (Engine._refresh)
 
 
 def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
@@ -113,16 +116,39 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
     t = TensorEntry.__new__(TensorEntry)
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
     t.reduction_flags, t.adjacent, t.closed = reduction_flags, adjacent, frozen
-    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.changed_axes = None
+    t.refreshed = 0
+    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.changed_axes = t.order = None
     return t
+
+
+@cython.no_gc
+@cython.cclass
+class ExprEntry:
+    """What the engine keeps of one proposing expr during a plan, in one
+    record: a refresh looks the expr up once, not once per thing it reads
+    of it (at 10k exprs each lookup in a per-expr dict misses the caches)."""
+
+    __slots__ = ("expr", "rule", "slots", "kinds", "has_sum", "open_to", "slot_entries", "linked", "proposals",
+                 "per_target")
+
+    expr: object
+    rule: object  # its rule for this program's sizes
+    slots: list  # axis_factors(expr, rule)
+    kinds: list  # each factor's kind
+    has_sum: bool  # a factor is a contraction
+    open_to: tuple  # positions of the slots that may take a proposal (annotations are final)
+    slot_entries: list  # each slot's TensorEntry
+    linked: object  # the positions its pass-through classes link (they reach each other through the class)
+    proposals: object  # [Proposal] as last derived; None before the first derivation
+    per_target: object  # (waiting, {target position: [Proposal]}) as last derived, or None
 
 
 class Engine:
     __slots__ = (
-        "p", "cost", "log", "frozen", "level", "releasing", "proposals", "entries", "by_number",
+        "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "entries", "by_number",
         "_stale", "_easy_targets", "_with_easy", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
-        "_reduction_axes", "_layouts_seen", "_open_to", "_per_target",
-        "_changed", "_held_back", "_refresh_by_factor", "home", "resolver", "classes", "depth", "canon"
+        "_reduction_axes", "_layouts_seen",
+        "_changed", "_held_back", "_refresh_by_factor", "_refreshes", "home", "resolver", "classes", "depth", "canon"
     )
 
     def __init__(self, program: Program, cost: CostModel, log: DecisionLog, spread_classes: bool = True,
@@ -136,12 +162,14 @@ class Engine:
         self.frozen: set = set()
         self.level = 0
         self.releasing = False
-        self.proposals: dict = {}  # expr -> [Proposal]
+        # expr -> ExprEntry, for the exprs that propose (not a class's internal
+        # ones), in program order (the first refresh derives them all)
+        self.expr_entries: dict = {}
         self.entries: dict = {}  # tv -> TensorEntry (its proposals by expr, its choices, ...)
         self.by_number: list = []  # the same entries by tensor number (entry(): a list index, no hashing)
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
-        self._stale: set = set()
+        self._stale: set = set()  # tensor numbers (iterated in about number order: the program's order in memory)
         self._easy_targets: dict = {}  # stage -> targets with easy proposals of that stage
         self._with_easy: set = set()  # the targets in any of them
         self._conflicted: set = set()
@@ -151,13 +179,12 @@ class Engine:
         self.adjacent, self._reduction_axes, self.depth, self.canon = _kept_with_fusion(
             program, "engine graph structure", _graph_structure, program)
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
-        self._open_to: dict = {}  # expr -> (its axes that are not annotated, each of its slots' TensorEntry)
-        self._per_target: dict = {}  # expr -> (waiting, {target position: [Proposal]}) as last derived
         self._changed: list = []  # TensorEntry with changed_axes set
         # exprs whose current proposals `releasing` holds back (a contraction
         # waiting for an open operand, a pending sum blocked by one)
         self._held_back: set = set()
         self._refresh_by_factor = refresh_by_factor
+        self._refreshes = 0
         self.home = _stage_meshes(program)
         self.resolver = ConflictResolver(self, _kept_with_fusion(program, "conflict places", dict))
         self._seed()
@@ -256,21 +283,25 @@ class Engine:
         """The exprs `releasing` held back when their proposals were last
         derived, in program order: no other expr's proposals change when
         it flips. Every expr that proposes has its proposals in
-        self.proposals, in program order (the level's first refresh)."""
+        self.expr_entries, in program order (the level's first refresh)."""
         held_back = self._held_back
         out = []
         if held_back:
-            for e in self.proposals:
+            for e in self.expr_entries:
                 if e in held_back:
                     out.append(e)
         return out
 
     def _reclassify(self) -> None:
         stale, self._stale = self._stale, set()
+        by_number = self.by_number
         # In any order: a tensor's class reads only its own record, and the
         # conflict heap's keys end with the tensor's number (no ties).
-        for tv in stale:
-            easy, competing = self.classify(tv)
+        for number in stale:
+            t = by_number[number]
+            tv = t.tv
+            classified = self._classified(t)
+            easy, competing = classified[0], classified[1]
             if not easy:  # (most stale tensors: no set of stages to make)
                 if tv in self._with_easy:  # (otherwise no stage's targets hold it: nothing to discard)
                     self._with_easy.discard(tv)
@@ -329,12 +360,16 @@ class Engine:
         return None
 
     def _conflict_order(self, tv):
-        _, competing = self.classify(tv)
+        t = self.entry(tv)
+        competing = self._classified(t)[1]
         best = competing[0].priority
         for m in competing:  # (a loop: compiled, min() is a call through Python's protocol)
             if m.priority < best:
                 best = m.priority
-        return (best, self.depth.get(tv, 0), self.canon.get(tv, 0), tv.number)
+        order = t.order
+        if order is None:  # (the fusion fixes it; asked again each time the heap meets the tensor)
+            order = t.order = (self.depth.get(tv, 0), self.canon.get(tv, 0))
+        return (best, order[0], order[1], t.number)
 
     # -- proposals ------------------------------------------------------------------------------
     def _closed(self, t: TensorEntry) -> bool:
@@ -373,25 +408,37 @@ class Engine:
                 t.used_iteration = used
         return used
 
-    def _expr_proposals(self, expr, by_factor: bool = False) -> list:
-        """expr's proposals, in target order. With `by_factor` (its tensors'
+    @property
+    def proposals(self) -> dict:
+        """{expr: its proposals as last derived}, in program order."""
+        return {e: r.proposals for e, r in self.expr_entries.items()}
+
+    def _expr_entry(self, expr) -> ExprEntry:
+        """A new ExprEntry for expr, with what the plan fixes of it."""
+        frozen, entries = self.frozen, self.entries
+        rule = self.p.rule(expr)
+        slots, kinds, has_sum = _expr_structure(expr, rule)
+        r = ExprEntry.__new__(ExprEntry)
+        r.expr, r.rule, r.slots, r.kinds, r.has_sum = expr, rule, slots, kinds, has_sum
+        r.open_to = tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen])
+        r.slot_entries = [entries[s.tv] for s in slots]
+        r.linked = self.classes.linked_positions.get(expr, ())
+        r.proposals = r.per_target = None
+        return r
+
+    def _expr_proposals(self, r: ExprEntry, by_factor: bool = False) -> list:
+        """The proposals of r's expr, in target order. With `by_factor` (its tensors'
         changed_axes say what was decided since expr's last refresh), a
         target whose factors none of the changed axes carry keeps its
         previous proposals: they read only the layouts on its own factors.
         Pending sums read their operands' state as a whole and are always
         re-derived, as is everything when the contraction's waiting flips."""
-        entries = self.entries
-        frozen = self.frozen
+        expr = r.expr
         self._held_back.discard(expr)  # (until this derivation says otherwise)
-        rule = self.p.rule(expr)
-        slots, kinds, has_sum = _expr_structure(expr, rule)
-        previous = self._per_target.pop(expr, None)
-        cached = self._open_to.get(expr)
-        if cached is None:
-            # positions of axes that may take a proposal (annotations are final); the slots' tensors
-            open_to = tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen])
-            cached = self._open_to[expr] = (open_to, [entries[s.tv] for s in slots])
-        open_to, slot_entries = cached
+        rule, slots, kinds, has_sum = r.rule, r.slots, r.kinds, r.has_sum
+        previous = r.per_target
+        r.per_target = None
+        open_to, slot_entries = r.open_to, r.slot_entries
         crossed = None  # factors the changed axes carry (None: re-derive every target)
         if by_factor and previous is not None:
             crossed = set()
@@ -403,7 +450,7 @@ class Engine:
                     for f in s.factors:  # (a loop: compiled, set.update is a method call)
                         crossed.add(f)
         # linked axes reach each other through their class (_spread), not here
-        linked = self.classes.linked_positions.get(expr, ())
+        linked = r.linked
         targets = []
         for i in open_to:  # (a loop, not a comprehension: compiled, only a loop reads s's fields typed)
             s = slots[i]
@@ -451,7 +498,7 @@ class Engine:
         if previous is not None and previous[0] != waiting:
             crossed = None
         per_target = {}
-        self._per_target[expr] = (waiting, per_target)
+        r.per_target = (waiting, per_target)
         proposals = []
         for i in targets:
             s = slots[i]
@@ -578,23 +625,36 @@ class Engine:
 
     def _refresh(self, exprs, by_factor: bool = False) -> None:
         """Re-derives the exprs' proposals (by_factor: see _expr_proposals)."""
-        touched = set()  # TensorEntry (invalidating is order-free)
+        # The tensors whose proposals change, each listed once, in the order
+        # met (about the program's order, and so the order of the records in
+        # memory; invalidating is order-free)
+        touched = []
+        self._refreshes += 1
+        stamp = self._refreshes
         internal = self.classes.internal
+        expr_entries = self.expr_entries
         for e in exprs:
-            if e in internal:
-                continue  # its axes hear of each other through their class
-            old = self.proposals.get(e)
+            r = expr_entries.get(e)
+            if r is None:
+                if e in internal:
+                    continue  # its axes hear of each other through their class
+                r = expr_entries[e] = self._expr_entry(e)
+            old = r.proposals
             if old:
                 for p in old:  # (per proposal, not per tensor: both steps repeat harmlessly)
                     t = self.entry(p.tv)
-                    touched.add(t)
+                    if t.refreshed != stamp:
+                        t.refreshed = stamp
+                        touched.append(t)
                     if t.by_expr is not None:
                         t.by_expr.pop(e, None)
-            new = self._expr_proposals(e, by_factor)
-            self.proposals[e] = new
+            new = self._expr_proposals(r, by_factor)
+            r.proposals = new
             for p in new:
                 t = self.entry(p.tv)
-                touched.add(t)
+                if t.refreshed != stamp:
+                    t.refreshed = stamp
+                    touched.append(t)
                 per_expr = t.by_expr
                 if per_expr is None:
                     per_expr = t.by_expr = {}
@@ -610,7 +670,7 @@ class Engine:
 
     def _invalidate(self, t: TensorEntry) -> None:
         t.classified = None
-        self._stale.add(t.tv)
+        self._stale.add(t.number)
 
     # -- classification ---------------------------------------------------------------------------
     def valid(self, t: TensorEntry) -> list:
@@ -855,21 +915,28 @@ class Engine:
         meshes = {}
         # one record for every axis nothing reached (decisions are never changed once made)
         unreached = new_decision(None, None, (), _UNREACHED, self.level, _ANNOTATION_TEXT, "", _NO_MESH_AXES, ())
+        # Each tensor's decisions are read once, in one sweep (at 10k exprs a
+        # second sweep over the records finds none of them in the caches).
+        layouts_of = []  # per entry, in the entries' order
         for tv, t in self.entries.items():
             decided = t.decided
+            layouts = []
             for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)
-                if decided[k] is None:
+                d = decided[k]
+                if d is None:
                     decided[k] = unreached
+                    layouts.append(())
+                else:
+                    layouts.append(d.digits)
+            layouts_of.append(layouts)
             meshes[tv] = t.mesh
         self.p.fill_meshes(meshes, self.frozen, self.home)
         state = self.p.state
-        for tv, t in self.entries.items():
+        i = 0
+        for tv in self.entries:  # (the keys alone: the records are done with)
             mesh = meshes[tv]
-            decided = t.decided
-            layouts = []
-            for k in range(len(decided)):  # (an index loop: compiled, d is typed)
-                d = decided[k]
-                layouts.append(d.digits)
+            layouts = layouts_of[i]
+            i += 1
             if mesh is None and any(layouts):
                 raise NvShardError(f"{tv.short_name()} is sharded but has no mesh")
             state[tv] = new_state(mesh, layouts)
