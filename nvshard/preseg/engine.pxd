@@ -28,7 +28,7 @@ cdef class TensorEntry:
     cdef public tuple classified
     cdef public dict by_expr
     cdef public tuple as_source
-    cdef public set changed_axes
+    cdef public Py_ssize_t changed_axes
     cdef public bint closed
     cdef public tuple order
     cdef public Py_ssize_t refreshed
@@ -177,6 +177,9 @@ cdef class Engine:
 
 
 cpdef tuple _expr_structure(Expr expr, rule)
+
+@cython.locals(one=Py_ssize_t)
+cdef Py_ssize_t _axis_bit(Py_ssize_t axis)
 
 @cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, t=TensorEntry, before=TensorEntry)
 cpdef list _in_number_order(list entries)

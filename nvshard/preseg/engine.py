@@ -103,7 +103,9 @@ class TensorEntry:
     # (tv,), once a spread carries its layouts: the decisions it reaches name it as their source
     # tensors, and share this one tuple (the plan's log keeps them all)
     as_source: object
-    changed_axes: object  # the axes decided since the adjacent exprs' last refresh (a set), or None
+    # the axes decided since the adjacent exprs' last refresh, as bits (_axis_bit; 0: none): a plan
+    # decides tens of thousands of axes, and a set per tensor is an allocation and a free each
+    changed_axes: int
     closed: bool  # no more decisions can reach it (Engine._closed): frozen, or every mesh axis taken
     order: object  # (depth, structural key) once it is conflicted (Engine._conflict_order), else None
     refreshed: int  # the number of the last refresh that touched its proposals (Engine._refresh)
@@ -116,8 +118,8 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
     t = TensorEntry.__new__(TensorEntry)
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
     t.reduction_flags, t.adjacent, t.closed = reduction_flags, adjacent, frozen
-    t.refreshed = 0
-    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.changed_axes = t.order = None
+    t.refreshed = t.changed_axes = 0
+    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.order = None
     return t
 
 
@@ -179,7 +181,7 @@ class Engine:
         self.adjacent, self._reduction_axes, self.depth, self.canon = _kept_with_fusion(
             program, "engine graph structure", _graph_structure, program)
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
-        self._changed: list = []  # TensorEntry with changed_axes set
+        self._changed: list = []  # TensorEntry with changed axes
         # exprs whose current proposals `releasing` holds back (a contraction
         # waiting for an open operand, a pending sum blocked by one)
         self._held_back: set = set()
@@ -445,8 +447,7 @@ class Engine:
             for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
                 s = slots[i]
                 t = slot_entries[i]
-                axes = t.changed_axes
-                if axes is not None and s.axis in axes:
+                if t.changed_axes & _axis_bit(s.axis):
                     for f in s.factors:  # (a loop: compiled, set.update is a method call)
                         crossed.add(f)
         # linked axes reach each other through their class (_spread), not here
@@ -771,12 +772,9 @@ class Engine:
         if t.mesh is None and mesh is not None:
             t.mesh = mesh
         t.decided[axis] = decision
-        axes = t.changed_axes
-        if axes is None:
-            t.changed_axes = {axis}
+        if not t.changed_axes:
             self._changed.append(t)
-        else:
-            axes.add(axis)
+        t.changed_axes |= _axis_bit(axis)
         if t.reduction_flags[axis]:
             t.used_reduction = None
         else:
@@ -908,7 +906,7 @@ class Engine:
                     exprs[e] = None
         self._refresh(list(exprs), self._refresh_by_factor)
         for t in decided:
-            t.changed_axes = None
+            t.changed_axes = 0
 
     # -- the end ------------------------------------------------------------------------------------
     def _finish(self) -> None:
@@ -953,6 +951,14 @@ def _expr_structure(expr, rule) -> tuple:
         kinds = [f.kind for f in rule.factors]
         cached = rule.cache["engine_structure"] = (axis_factors(expr, rule), kinds, FactorKind.SUM in kinds)
     return cached
+
+
+def _axis_bit(axis: int) -> int:
+    """Axis's bit in TensorEntry.changed_axes: every bit past the 62nd axis
+    (a word's bits run out; then every axis counts as changed, and a refresh
+    re-derives all it would have kept, the reference behaviour)."""
+    one = 1  # (compiled, a word: a literal 1 shifted is a C int)
+    return one << axis if axis < 62 else -1
 
 
 def _in_number_order(entries: list) -> list:
