@@ -110,8 +110,9 @@ cdef class Engine:
     @cython.locals(axis=Py_ssize_t)
     cpdef _record(self, TensorEntry t, mesh, Decision decision)
 
-    @cython.locals(d=Decision, end=End, alone=tuple, arriving=dict, per_axis=dict,
-                   classes=PassThroughClasses, offers=list, axis=Py_ssize_t, origin=TensorEntry, t=TensorEntry)
+    @cython.locals(d=Decision, end=End, alone=tuple, arriving=dict, per_axis=dict, arrival=tuple,
+                   classes=PassThroughClasses, offers=list, axis=Py_ssize_t, origin=TensorEntry, t=TensorEntry,
+                   used=frozenset)
     cpdef _spread(self, list frontier)
 
     @cython.locals(d=Decision, other=Decision, used=frozenset, mesh_axes=frozenset, j=Py_ssize_t, o=tuple,

@@ -795,7 +795,8 @@ class Engine:
         recorded (_record), so _after_change finds the tensors it reached."""
         classes = self.classes
         while frontier:
-            arriving: dict = {}  # TensorEntry -> {axis: [(Decision, mesh, (source tv,), End)]}
+            # TensorEntry -> its one arrival (axis, Decision, mesh, (source tv,), End), or a list of them
+            arriving: dict = {}
             for origin, axis in frontier:
                 tv = origin.tv
                 d = origin.decided[axis]
@@ -810,21 +811,44 @@ class Engine:
                     own = t.mesh or t.home
                     if own is not None and own is not mesh and own != mesh:  # (identity first: the common case)
                         continue
-                    per_axis = arriving.get(t)
-                    if per_axis is None:
-                        per_axis = arriving[t] = {}
-                    per_axis.setdefault(end.axis, []).append((d, mesh, alone, end))
+                    arrival = (end.axis, d, mesh, alone, end)
+                    known = arriving.get(t)
+                    if known is None:
+                        arriving[t] = arrival  # (one arrival: the common case, no list or dict to make)
+                    elif type(known) is tuple:
+                        arriving[t] = [known, arrival]
+                    else:
+                        known.append(arrival)
             frontier = []
             # (one tensor, one axis: the common case, no sort to call)
             for t in (_in_number_order(list(arriving)) if len(arriving) > 1 else arriving):  # (nothing adds to it here)
-                per_axis = arriving[t]
+                arrivals = arriving[t]
+                if type(arrivals) is tuple:
+                    axis, d, mesh, alone, end = arrivals
+                    if t.by_expr is None:
+                        used = self.used(t, False)
+                        if not used or used.isdisjoint(d.mesh_axes):  # (_uncontested, for one arrival)
+                            source = propagated_through(end.direction, end.expr, end.names, alone)
+                            self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, d.priority,
+                                                               _PASS_THROUGH_TEXT, "", d.mesh_axes, d.key))
+                            frontier.append((t, axis))
+                            continue
+                    per_axis = {axis: [(d, mesh, alone, end)]}
+                else:
+                    per_axis = {}
+                    for axis, d, mesh, alone, end in arrivals:
+                        offers = per_axis.get(axis)
+                        if offers is None:
+                            per_axis[axis] = [(d, mesh, alone, end)]
+                        else:
+                            offers.append((d, mesh, alone, end))
                 if t.by_expr is not None or not self._uncontested(t, per_axis):
                     frontier += self._offer(t, per_axis)
                     continue
                 for axis in (sorted(per_axis) if len(per_axis) > 1 else per_axis):  # (nothing adds to it here)
                     offers = per_axis[axis]
                     d, mesh, alone, end = offers[0]
-                    if len(offers) == 1:  # (the common case: no list to build, no min to call)
+                    if len(offers) == 1:  # (no list to build, no min to call)
                         source = propagated_through(end.direction, end.expr, end.names, alone)
                         priority = d.priority
                     else:
