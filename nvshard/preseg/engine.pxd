@@ -64,7 +64,8 @@ cdef class Engine:
     cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
-    cdef public dict adjacent, _reduction_axes, _layouts_seen
+    cdef public list tensor_structure
+    cdef public dict _layouts_seen
     cdef public list _changed
     cdef public set _held_back
     cdef public object _refresh_by_factor
@@ -166,9 +167,9 @@ cdef class Engine:
                    meshes=dict, state=dict, layouts=list, layouts_of=list, i=Py_ssize_t)
     cpdef _finish(self)
 
-    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, flags=dict, adjacent=dict, reduction=list,
-                   k=Py_ssize_t, n=Py_ssize_t, t=TensorEntry, by_number=list, number=Py_ssize_t,
-                   annotations=dict)
+    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, structure=list, known=tuple, adjacent=list,
+                   reduction=list, k=Py_ssize_t, n=Py_ssize_t, i=Py_ssize_t, t=TensorEntry, by_number=list,
+                   number=Py_ssize_t, annotations=dict)
     cpdef _seed(self)
 
     cdef TensorEntry entry(self, TensorView tv)

@@ -148,8 +148,8 @@ class ExprEntry:
 class Engine:
     __slots__ = (
         "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "entries", "by_number",
-        "_stale", "_easy_targets", "_with_easy", "_conflicted", "_conflict_heap", "_heap_counter", "adjacent",
-        "_reduction_axes", "_layouts_seen",
+        "_stale", "_easy_targets", "_with_easy", "_conflicted", "_conflict_heap", "_heap_counter",
+        "tensor_structure", "_layouts_seen",
         "_changed", "_held_back", "_refresh_by_factor", "_refreshes", "home", "resolver", "classes", "depth", "canon"
     )
 
@@ -178,7 +178,7 @@ class Engine:
         self._conflict_heap: list = []
         self._heap_counter = 0
         # (read only: kept with the fusion)
-        self.adjacent, self._reduction_axes, self.depth, self.canon = _kept_with_fusion(
+        self.tensor_structure, self.depth, self.canon = _kept_with_fusion(
             program, "engine graph structure", _graph_structure, program)
         self._layouts_seen: dict = {}  # id(layout) -> (layout, mesh axes, key)
         self._changed: list = []  # TensorEntry with changed axes
@@ -195,11 +195,19 @@ class Engine:
 
     # -- setup ------------------------------------------------------------------------
     def _seed(self) -> None:
-        home, flags, adjacent = self.home, self._reduction_axes, self.adjacent
+        home, structure = self.home, self.tensor_structure
         # (an Annotation is immutable: one per tensor, kept with the fusion)
         annotations = _kept_with_fusion(self.p, "annotation sources", dict)
         by_number = self.by_number = [None] * len(self.p.state)
+        i = 0
         for tv, state in self.p.state.items():
+            # (read in the program's order: no lookup per tensor)
+            known = structure[i] if i < len(structure) else None
+            if known is None or known[0] is not tv:  # (a program whose tensors are not its fusion's, in order)
+                structure = _graph_structure(self.p)[0]
+                known = structure[i]
+            i += 1
+            reduction, adjacent = known[1], known[2]
             n = len(tv.logical)
             frozen = True
             if tv.mesh is not None:
@@ -208,7 +216,7 @@ class Engine:
                 if source is None:
                     source = annotations[tv] = Annotation(tv)
                 decided = []
-                reduction, layouts = flags[tv], state.layouts
+                layouts = state.layouts
                 for k in range(n):  # (an index loop over the kept flags: compiled, no method call per axis)
                     digits = layouts[k]
                     if reduction[k] and not digits:
@@ -228,7 +236,7 @@ class Engine:
                 frozen = False
             if frozen:
                 self.frozen.add(tv)
-            t = self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, flags[tv], adjacent[tv])
+            t = self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, reduction, adjacent)
             number = t.number
             if number >= len(by_number):  # (a fusion numbers its tensors from 0: seldom past the count)
                 by_number.extend([None] * (number + 1 - len(by_number)))
@@ -1063,19 +1071,21 @@ def _kept_with_fusion(program: Program, name: str, make, *args):
 
 
 def _graph_structure(program: Program) -> tuple:
-    """(adjacency, reduction flags per tensor, depth, structural key): the
-    fusion's structure alone."""
+    """([(tensor, its reduction flags, its adjacent exprs)] in the program's
+    order, depth, structural key): the fusion's structure alone. A list, not
+    dicts: the engine reads it once per plan, in order (_seed)."""
     depth, canon = _structure(program)
+    adjacent = _adjacency(program)
     # equal flag lists are one list (read only): big fusions keep one per tensor
     shared: dict = {}
-    reduction_axes = {}
+    tensors = []
     for tv in program.state:
         flags = tuple([id_.is_reduction() for id_ in tv.logical])
         known = shared.get(flags)
         if known is None:
             known = shared[flags] = list(flags)
-        reduction_axes[tv] = known
-    return _adjacency(program), reduction_axes, depth, canon
+        tensors.append((tv, known, adjacent[tv]))
+    return tensors, depth, canon
 
 
 def _pass_through_classes(program: Program, frozen: set, home: dict) -> PassThroughClasses:

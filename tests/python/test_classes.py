@@ -109,13 +109,14 @@ def test_the_engine_keeps_the_fusion_structure_until_the_fusion_grows():
     fd, chain, out, after = _chain(2)
     shapes = [[8, 16], [4, 16]]
     first, second = _engine(fd, shapes), _engine(fd, shapes)
-    assert second.adjacent is first.adjacent and second.canon is first.canon
+    assert second.tensor_structure is first.tensor_structure and second.canon is first.canon
     assert second.p.consumers is first.p.consumers  # (the program's index, as long as its exprs are the fusion's)
     extra = fd.fusion.add_expr(fd.fusion.exprs[-1].op, list(fd.fusion.exprs[-1].inputs), [after.fusion.new_tv(
         after.dtype(), [after.fusion.new_id(i.extent()) for i in after.logical])])
     grown = _engine(fd, shapes)
-    assert grown.adjacent is not first.adjacent
-    assert grown.adjacent[out] == first.adjacent[out] + [extra]  # (it reads what the last expr reads)
+    assert grown.tensor_structure is not first.tensor_structure
+    # (it reads what the last expr reads)
+    assert grown.entries[out].adjacent == first.entries[out].adjacent + [extra]
     assert grown.p.consumers[out] == first.p.consumers[out] + [extra]
 
 
