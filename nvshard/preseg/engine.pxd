@@ -32,6 +32,7 @@ cdef class TensorEntry:
     cdef public bint closed
     cdef public tuple order
     cdef public Py_ssize_t refreshed
+    cdef public bint stale, with_easy, conflicted
 
 
 @cython.locals(t=TensorEntry)
@@ -58,10 +59,8 @@ cdef class Engine:
     cdef public object level, releasing
     cdef public dict expr_entries, entries
     cdef public list by_number
-    cdef public set _stale
+    cdef public list _stale
     cdef public dict _easy_targets
-    cdef public set _with_easy
-    cdef public set _conflicted
     cdef public list _conflict_heap
     cdef public object _heap_counter
     cdef public list tensor_structure
@@ -120,7 +119,7 @@ cdef class Engine:
                    taken=list)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
-    @cython.locals(m=Choice, stale=set, easy=list, competing=list, stages=set, targets=set, by_number=list,
+    @cython.locals(m=Choice, stale=list, easy=list, competing=list, stages=set, targets=set,
                    t=TensorEntry, classified=tuple)
     cpdef _reclassify(self)
 

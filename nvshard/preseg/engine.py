@@ -85,7 +85,7 @@ class TensorEntry:
 
     __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
                  "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes", "closed",
-                 "order", "refreshed")
+                 "order", "refreshed", "stale", "with_easy", "conflicted")
 
     tv: object
     number: int  # the tensor's number (the order every rank visits tensors in)
@@ -109,6 +109,11 @@ class TensorEntry:
     closed: bool  # no more decisions can reach it (Engine._closed): frozen, or every mesh axis taken
     order: object  # (depth, structural key) once it is conflicted (Engine._conflict_order), else None
     refreshed: int  # the number of the last refresh that touched its proposals (Engine._refresh)
+    # Flags where the engine had sets of tensors (a set's lookups and growth miss the caches at
+    # 10k exprs): listed in Engine._stale; in one of Engine._easy_targets' sets; in the conflict heap
+    stale: bool
+    with_easy: bool
+    conflicted: bool
 
 
 def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
@@ -119,6 +124,7 @@ def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
     t.reduction_flags, t.adjacent, t.closed = reduction_flags, adjacent, frozen
     t.refreshed = t.changed_axes = 0
+    t.stale = t.with_easy = t.conflicted = False
     t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.order = None
     return t
 
@@ -148,7 +154,7 @@ class ExprEntry:
 class Engine:
     __slots__ = (
         "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "entries", "by_number",
-        "_stale", "_easy_targets", "_with_easy", "_conflicted", "_conflict_heap", "_heap_counter",
+        "_stale", "_easy_targets", "_conflict_heap", "_heap_counter",
         "tensor_structure", "_layouts_seen",
         "_changed", "_held_back", "_refresh_by_factor", "_refreshes", "home", "resolver", "classes", "depth", "canon"
     )
@@ -171,10 +177,10 @@ class Engine:
         self.by_number: list = []  # the same entries by tensor number (entry(): a list index, no hashing)
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
-        self._stale: set = set()  # tensor numbers (iterated in about number order: the program's order in memory)
-        self._easy_targets: dict = {}  # stage -> targets with easy proposals of that stage
-        self._with_easy: set = set()  # the targets in any of them
-        self._conflicted: set = set()
+        # TensorEntry whose class must be recomputed, each once (TensorEntry.stale),
+        # in the order invalidated (about the program's order: the order of the records in memory)
+        self._stale: list = []
+        self._easy_targets: dict = {}  # stage -> targets with easy proposals of that stage (TensorEntry.with_easy)
         self._conflict_heap: list = []
         self._heap_counter = 0
         # (read only: kept with the fusion)
@@ -303,18 +309,17 @@ class Engine:
         return out
 
     def _reclassify(self) -> None:
-        stale, self._stale = self._stale, set()
-        by_number = self.by_number
+        stale, self._stale = self._stale, []
         # In any order: a tensor's class reads only its own record, and the
         # conflict heap's keys end with the tensor's number (no ties).
-        for number in stale:
-            t = by_number[number]
+        for t in stale:
+            t.stale = False
             tv = t.tv
             classified = self._classified(t)
             easy, competing = classified[0], classified[1]
             if not easy:  # (most stale tensors: no set of stages to make)
-                if tv in self._with_easy:  # (otherwise no stage's targets hold it: nothing to discard)
-                    self._with_easy.discard(tv)
+                if t.with_easy:  # (otherwise no stage's targets hold it: nothing to discard)
+                    t.with_easy = False
                     for targets in self._easy_targets.values():
                         targets.discard(tv)
             else:
@@ -324,13 +329,13 @@ class Engine:
                         targets.discard(tv)
                 for stage in stages:
                     self._easy_targets.setdefault(stage, set()).add(tv)
-                self._with_easy.add(tv)
+                t.with_easy = True
             if competing:
-                if tv not in self._conflicted:
-                    self._conflicted.add(tv)
+                if not t.conflicted:
+                    t.conflicted = True
                     self._push_conflict(tv)
             else:
-                self._conflicted.discard(tv)
+                t.conflicted = False
 
     def _easy(self) -> list:
         """The easy proposals of the earliest stage that has any."""
@@ -358,7 +363,7 @@ class Engine:
         while heap:
             top = heap[0]
             tv = top[5]
-            if tv not in self._conflicted:
+            if not self.entry(tv).conflicted:
                 heapq.heappop(heap)
                 continue
             current = self._conflict_order(tv)
@@ -679,7 +684,9 @@ class Engine:
 
     def _invalidate(self, t: TensorEntry) -> None:
         t.classified = None
-        self._stale.add(t.number)
+        if not t.stale:
+            t.stale = True
+            self._stale.append(t)
 
     # -- classification ---------------------------------------------------------------------------
     def valid(self, t: TensorEntry) -> list:
