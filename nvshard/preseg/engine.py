@@ -72,6 +72,7 @@ _ANNOTATION_TEXT, _PASS_THROUGH_TEXT = STAGE_TEXT[_ANNOTATION], STAGE_TEXT[_PASS
 _UNANNOTATED_INPUT, _UNREACHED = UnannotatedInput(), Unreached()
 _NO_MESH_AXES = frozenset()  # a replicated layout's
 _NOTHING_CLASSIFIED = ([], [], [])  # the classification of a tensor no proposal targets (read only)
+_NOTHING_CROSSED: set = set()  # a refresh's crossed factors when the changed axes carry none (read only)
 # The order every rank visits tensors in (a sort key that is a C function:
 # a module function would be called through Python's protocol per element)
 _NUMBER = operator.attrgetter("number")
@@ -456,11 +457,13 @@ class Engine:
         open_to, slot_entries = r.open_to, r.slot_entries
         crossed = None  # factors the changed axes carry (None: re-derive every target)
         if by_factor and previous is not None:
-            crossed = set()
+            crossed = _NOTHING_CROSSED  # (read only: a set is made when a factor is crossed)
             for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
                 s = slots[i]
                 t = slot_entries[i]
                 if t.changed_axes & _axis_bit(s.axis):
+                    if crossed is _NOTHING_CROSSED:
+                        crossed = set()
                     for f in s.factors:  # (a loop: compiled, set.update is a method call)
                         crossed.add(f)
         # linked axes reach each other through their class (_spread), not here
@@ -475,7 +478,7 @@ class Engine:
         if not targets:
             return []
         level = self.level
-        opinions: dict = {}  # factor -> [Opinion]
+        opinions = None  # factor -> [Opinion], made with the first (most derivations find none)
         for i in range(len(slots)):  # (an index loop: compiled, no tuple per slot)
             s = slots[i]
             t = slot_entries[i]
@@ -486,6 +489,9 @@ class Engine:
             if not s.compound:
                 f = s.factors[0]
                 o = new_opinion(d.digits, s.tv, d.priority, s.role, mesh, False, i in linked, d.mesh_axes, d.key)
+                if opinions is None:
+                    opinions = {f: [o]}
+                    continue
                 ops = opinions.get(f)
                 if ops is None:
                     opinions[f] = [o]
@@ -499,6 +505,8 @@ class Engine:
                 continue
             for f, digits in zip(s.factors, per):
                 if digits:
+                    if opinions is None:
+                        opinions = {}
                     opinions.setdefault(f, []).append(
                         new_opinion(digits, s.tv, d.priority, s.role, mesh, True, False, None, None))
         if not opinions:
