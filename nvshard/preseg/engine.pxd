@@ -119,6 +119,8 @@ cdef class Engine:
                    taken=list)
     cpdef bint _uncontested(self, TensorEntry t, dict per_axis) except -1
 
+    cpdef _take(self, TensorEntry t, Py_ssize_t axis, Decision d, mesh, source, priority)
+
     @cython.locals(m=Choice, stale=list, easy=list, competing=list, stages=set, targets=set,
                    t=TensorEntry, classified=tuple)
     cpdef _reclassify(self)

@@ -851,9 +851,8 @@ class Engine:
                     if t.by_expr is None:
                         used = self.used(t, False)
                         if not used or used.isdisjoint(d.mesh_axes):  # (_uncontested, for one arrival)
-                            source = propagated_through(end.direction, end.expr, end.names, alone)
-                            self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, d.priority,
-                                                               _PASS_THROUGH_TEXT, "", d.mesh_axes, d.key))
+                            self._take(t, axis, d, mesh, propagated_through(end.direction, end.expr, end.names, alone),
+                                       d.priority)
                             frontier.append((t, axis))
                             continue
                     per_axis = {axis: [(d, mesh, alone, end)]}
@@ -877,18 +876,18 @@ class Engine:
                     else:
                         source = propagated_through(end.direction, end.expr, end.names, [o[2][0] for o in offers])
                         priority = _lowest_priority(offers)
-                    self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT, "",
-                                                       d.mesh_axes, d.key))
+                    self._take(t, axis, d, mesh, source, priority)
                     frontier.append((t, axis))
+
+    def _take(self, t: TensorEntry, axis: int, d: Decision, mesh, source, priority) -> None:
+        """t's axis takes the layout of the decision d that spread to it."""
+        self._record(t, mesh, new_decision(t.tv, axis, d.digits, source, priority, _PASS_THROUGH_TEXT, "",
+                                           d.mesh_axes, d.key))
 
     def _uncontested(self, t: TensorEntry, per_axis: dict) -> bool:
         """One layout arrives per axis, and the mesh axes they use are free
         on the tensor and distinct."""
         used = self.used(t, False)
-        if not used and len(per_axis) == 1:  # (the common case: one offer to an axis of a fresh tensor)
-            for offers in per_axis.values():
-                if len(offers) == 1:
-                    return True
         taken = []  # the mesh axes each arriving layout takes (disjoint so far: no union to make)
         for offers in per_axis.values():
             d, mesh = offers[0][0], offers[0][1]
