@@ -58,7 +58,7 @@ cdef class ConflictResolver:
     @cython.locals(around=list, costs=list)
     cpdef list _priced(self, tv, list candidates, list sharing)
 
-    @cython.locals(engine=Engine, cost=CostModel, parts=list, seen=set, shared=dict, sharing=list,
+    @cython.locals(engine=Engine, cost=CostModel, parts=list, tensors=list, shared=dict, sharing=list,
                    place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t)
     cpdef tuple _question(self, tv, Py_ssize_t kind, list lists)
 

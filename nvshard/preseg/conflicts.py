@@ -210,32 +210,30 @@ class ConflictResolver:
     def _question(self, tv, kind: int, lists: list) -> tuple:
         """(what the candidates' costs depend on, with tensors as places in
         the neighbourhood; the neighbourhood's tensors, tv first; per adjacent
-        expr how its operands are shared): tv's state and the choice lists,
-        which are the candidates themselves (kind _LISTED) or tv's easy and
+        expr how its operands are shared): what the neighbourhood's structure
+        fixes (_neighbourhood: per adjacent expr its rule and which places
+        its tensors are, each place's signature); the choice lists, which
+        are the candidates themselves (kind _LISTED) or tv's easy and
         competing choices, which fix them (kind _POOL: _pool, _candidates);
-        per adjacent expr its rule, which places its tensors are, the other
-        tensors' states, the choices of its open results (_options) and how
-        its operands are shared (_sharing); and each place's signature
-        (dtype, axes, extents, weight). One flat tuple of ints: meshes,
-        layouts, signatures and texts by their numbers, and a count before
-        every part whose length varies, so that two questions are equal
-        exactly when what they say is."""
+        each place's state; and per adjacent expr the choices of its open
+        results (_options) and how its operands are shared (_sharing). One
+        flat tuple of ints: meshes, layouts, signatures and texts by their
+        numbers, and a count before every part whose length varies, so that
+        two questions are equal exactly when what they say is."""
         engine, cost = self.engine, self.cost
         own = engine.entry(tv)
         tensors, place, fixed = self._neighbourhood(tv)
         parts = list(fixed)
-        self._add_state(parts, own)
         parts.append(kind)
         parts.append(len(lists))
         for i in range(len(lists)):  # (an index loop: compiled, no iterator)
             self._add_choices(parts, lists[i])
-        seen = {tv}
+        # every tensor's state, tv's first, in the neighbourhood's order (its
+        # count is in the fixed part)
+        for i in range(len(tensors)):
+            self._add_state(parts, engine.entry(tensors[i]))
         sharing = []
         for e in own.adjacent:
-            for t in e.tv_inputs + e.tv_outputs:
-                if t not in seen:
-                    seen.add(t)
-                    self._add_state(parts, engine.entry(t))
             for o in e.tv_outputs:
                 result = engine.entry(o)
                 if _any_none(result.decided):
