@@ -59,7 +59,9 @@ cdef class ConflictResolver:
     cpdef list _priced(self, tv, list candidates, list sharing)
 
     @cython.locals(engine=Engine, cost=CostModel, parts=list, tensors=list, shared=dict, sharing=list,
-                   place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t)
+                   place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t,
+                   adjacent=list, operands=tuple, read=tuple, j=Py_ssize_t, position=Py_ssize_t,
+                   readers=tuple)
     cpdef tuple _question(self, tv, Py_ssize_t kind, list lists)
 
     @cython.locals(d=Decision, decided=list, k=Py_ssize_t)
@@ -71,11 +73,11 @@ cdef class ConflictResolver:
     cpdef object _mesh_number(self, mesh)
 
     @cython.locals(engine=Engine, cost=CostModel, tensors=list, place=dict, fixed=tuple, sized=tuple, e=Expr,
-                   adjacent=list, placed=tuple, per_plan=list, i=Py_ssize_t)
+                   adjacent=list, placed=tuple, per_plan=list, i=Py_ssize_t, operands=tuple)
     cpdef tuple _neighbourhood(self, tv)
 
     @cython.locals(engine=Engine, cost=CostModel, tensors=list, place=dict, fixed=list, sized=list, ends=list, e=Expr,
-                   i=Py_ssize_t)
+                   i=Py_ssize_t, consumers=dict, operands=list, read=list, seen=set, readers=tuple)
     cpdef tuple _placed(self, tv, list adjacent)
 
     @cython.locals(engine=Engine, around=list, adjacent=list, others=dict, e=Expr, entry=TensorEntry,
@@ -87,8 +89,8 @@ cdef class ConflictResolver:
     cpdef _cost(self, tv, list chosen, list around)
 
     @cython.locals(engine=Engine, made=set, sharers=Py_ssize_t, outs=list, whole=bint, other=Expr, entry=TensorEntry,
-                   position=Py_ssize_t, compute=ComputePlan)
-    cpdef tuple _sharing(self, Expr expr, operand)
+                   compute=ComputePlan, at=Py_ssize_t)
+    cpdef tuple _sharing(self, Expr expr, Py_ssize_t position, tuple readers)
 
     @cython.locals(m=Choice, c=Choice, opts=list, unique=dict, fits=bint)
     cpdef list _options(self, out, k, expr, tv, list chosen, dict states)

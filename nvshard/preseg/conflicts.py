@@ -222,7 +222,7 @@ class ConflictResolver:
         two questions are equal exactly when what they say is."""
         engine, cost = self.engine, self.cost
         own = engine.entry(tv)
-        tensors, place, fixed = self._neighbourhood(tv)
+        tensors, place, fixed, operands = self._neighbourhood(tv)
         parts = list(fixed)
         parts.append(kind)
         parts.append(len(lists))
@@ -233,25 +233,27 @@ class ConflictResolver:
         for i in range(len(tensors)):
             self._add_state(parts, engine.entry(tensors[i]))
         sharing = []
-        for e in own.adjacent:
+        adjacent = own.adjacent
+        for i in range(len(adjacent)):  # (an index loop: compiled, operands are read by position)
+            e = adjacent[i]
             for o in e.tv_outputs:
                 result = engine.entry(o)
                 if _any_none(result.decided):
                     self._add_choices(parts, engine.current_choices(o))
                 else:
                     parts.append(-1)  # (no count is negative)
+            read = operands[i]
             shared = {}
-            for t in e.tv_inputs:
-                if t is not tv and t not in shared:  # (an operand read twice is shared the same way)
-                    shared[t] = self._sharing(e, t)
-            sharing.append(shared)
-            parts.append(len(shared))
-            for t, (made, sharers) in shared.items():
-                parts.append(place[t])
+            parts.append(len(read))
+            for j in range(len(read)):
+                t, at, position, readers = read[j]
+                made, sharers = shared[t] = self._sharing(e, position, readers)
+                parts.append(at)
                 parts.append(len(made))
                 if made:
                     parts.extend(sorted([numbered(self._numbers, k) for k in made]))
                 parts.append(sharers)
+            sharing.append(shared)
         return tuple(parts), tensors, sharing
 
     def _add_state(self, parts: list, entry) -> None:
@@ -291,7 +293,8 @@ class ConflictResolver:
         numbered once per fusion, and tensors of equal shapes have equal
         signatures under any sizes: a question that names shapes is at
         most finer than one that names signatures. Only the rules of ops
-        that read sizes and the flags are read per plan (_placed)."""
+        that read sizes and the flags are read per plan (_placed). Last, per
+        adjacent expr, its operands as _placed keeps them."""
         known = self._neighbourhoods.get(tv)
         if known is None:
             engine, cost = self.engine, self.cost
@@ -299,14 +302,14 @@ class ConflictResolver:
             placed = self._places.get(tv)
             if placed is None:  # (the first plan of the fusion)
                 placed = self._places[tv] = self._placed(tv, adjacent)
-            tensors, place, fixed, sized = placed
+            tensors, place, fixed, sized, operands = placed
             per_plan = []
             for i in sized:  # (a rule that reads sizes may change with them: its head is read per plan)
                 e = adjacent[i]
                 per_plan.append(question_head_number(e, engine.p.rule(e)))
             for i in range(len(tensors)):
                 per_plan.append(cost.signature_flags(tensors[i]))
-            known = self._neighbourhoods[tv] = (tensors, place, fixed + tuple(per_plan))
+            known = self._neighbourhoods[tv] = (tensors, place, fixed + tuple(per_plan), operands)
         return known
 
     def _placed(self, tv, adjacent: list) -> tuple:
@@ -314,9 +317,13 @@ class ConflictResolver:
         tensors, their places, per adjacent expr its question head's number
         (-1 where its rule reads sizes) and its tensors' places and per
         tensor its shape's number, as ints with their counts; the positions
-        of the adjacent exprs whose rules read sizes)."""
+        of the adjacent exprs whose rules read sizes; per adjacent expr its
+        operands other than tv, each once: (operand, its place, its position
+        in the expr, the other exprs that read it with their outputs, each
+        with the operand's position in it), for _sharing)."""
         engine, cost = self.engine, self.cost
-        tensors, place, fixed, sized = [tv], {tv: 0}, [len(adjacent)], []
+        consumers = engine.p._indexed()[1]
+        tensors, place, fixed, sized, operands = [tv], {tv: 0}, [len(adjacent)], [], []
         for i in range(len(adjacent)):
             e = adjacent[i]
             ends = e.tv_inputs + e.tv_outputs
@@ -330,10 +337,19 @@ class ConflictResolver:
             else:  # (any other rule is made once and never changes)
                 fixed.append(question_head_number(e, engine.p.rule(e)))
             fixed.extend([place[t] for t in ends])
+            read, seen = [], {tv}
+            for t in e.tv_inputs:
+                if t not in seen:  # (an operand read twice is shared the same way)
+                    seen.add(t)
+                    # (once per read, as the program lists them)
+                    readers = tuple([(other, _position(other.tv_inputs, t)) for other in consumers.get(t, [])
+                                     if other is not e and other.tv_outputs])
+                    read.append((t, place[t], _position(e.tv_inputs, t), readers))
+            operands.append(tuple(read))
         fixed.append(len(tensors))
         for i in range(len(tensors)):
             fixed.append(cost.shape_number(tensors[i]))
-        return tensors, place, tuple(fixed), tuple(sized)
+        return tensors, place, tuple(fixed), tuple(sized), tuple(operands)
 
     def _around(self, tv, sharing: list) -> list:
         """What a candidate's cost depends on besides the candidate, per expr
@@ -380,17 +396,16 @@ class ConflictResolver:
             total = total + self.cost.expr_cost(e, states, options, shared)
         return total
 
-    def _sharing(self, expr, operand) -> tuple:
-        """(layouts other consumers of `operand` already need it in, how many
-        consumers would share a reshard of it): the consumers with the same
-        rule that read it in the same place and are not decided yet, and expr."""
+    def _sharing(self, expr, position: int, readers: tuple) -> tuple:
+        """(layouts other consumers of an operand of expr already need it in,
+        how many consumers would share a reshard of it): the consumers with
+        the same rule that read it in the same place and are not decided
+        yet, and expr. position: where expr reads it; readers: its other
+        consumers with outputs, each with where it reads it (_placed)."""
         engine = self.engine
         made, sharers = set(), 1
-        position = _position(expr.tv_inputs, operand)
         shape = None  # expr's rule as text (read only when another consumer reads the operand in its place)
-        for other in engine.p._indexed()[1].get(operand, []):  # (the consumers, without the property's call)
-            if other is expr or not other.tv_outputs:
-                continue
+        for other, at in readers:
             outs = [engine.entry(o) for o in other.tv_outputs]
             whole = True
             for entry in outs:
@@ -401,8 +416,8 @@ class ConflictResolver:
                 rule = engine.p.rule(other)
                 results = [new_state(entry.mesh, [d.digits for d in entry.decided]) for entry in outs]
                 compute = plan_compute(other, results, rule)
-                made.add(compute.operands[_position(other.tv_inputs, operand)].key())
-            elif _position(other.tv_inputs, operand) == position:
+                made.add(compute.operands[at].key())
+            elif at == position:
                 if shape is None:
                     shape = rule_text(engine.p.rule(expr))
                 if rule_text(engine.p.rule(other)) == shape:
