@@ -10,7 +10,7 @@ from nvshard.preseg.projection cimport AxisFactors, axis_factors
 
 cdef class End:  # (fields in the .py's order: the dataclass's __init__ takes them so)
     cdef public object tv
-    cdef public Py_ssize_t axis
+    cdef public Py_ssize_t number, axis
     cdef public object direction, expr, names
 
 

@@ -49,9 +49,10 @@ class End:
     the spread's decision there is propagated through. Flat: the spread
     reads one per arrival, and big fusions keep hundreds of thousands."""
 
-    __slots__ = ("tv", "axis", "direction", "expr", "names")
+    __slots__ = ("tv", "number", "axis", "direction", "expr", "names")
 
     tv: object  # TensorView
+    number: int  # tv's number (the spread finds tv's entry by it, without reading tv)
     axis: int  # logical axis of tv
     direction: Direction
     expr: object  # the Expr that links the axes
@@ -85,7 +86,7 @@ class Link:
                 role = m.role
                 break
         across = _FORWARD if role is _OPERAND else _BACKWARD
-        return [End(m.tv, m.axis, _SIDEWAYS if m.role is role else across, self.expr, m.names)
+        return [End(m.tv, m.tv.number, m.axis, _SIDEWAYS if m.role is role else across, self.expr, m.names)
                 for m in self.members if m.tv is not tv]
 
 

@@ -828,7 +828,7 @@ class Engine:
                 if alone is None:
                     alone = origin.as_source = (tv,)
                 for end in classes.ends_of(tv, axis):
-                    t = self.entry(end.tv)
+                    t = self.by_number[end.number]
                     if t.decided[end.axis] is not None:
                         continue
                     own = t.mesh or t.home
