@@ -26,10 +26,10 @@ cdef class PassThroughClasses:
     cdef public dict links, linked_positions
     cdef public set internal
     cdef public object _parent
-    cdef public dict _ends
+    cdef public list _ends
 
-    @cython.locals(per_axis=list, ends=list, links=list, link=Link, j=Py_ssize_t)
-    cpdef list ends_of(self, tv, Py_ssize_t axis)
+    @cython.locals(per_axis=list, ends=list, links=list, link=Link, j=Py_ssize_t, by_number=list)
+    cpdef list ends_of(self, tv, Py_ssize_t axis, Py_ssize_t number=*)
 
     @cython.locals(e=Expr)
     cpdef _link_all(self, Program program, set frozen, dict home)

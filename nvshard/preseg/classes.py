@@ -101,7 +101,9 @@ class PassThroughClasses:
         self.linked_positions: dict = {}  # expr -> positions in axis_factors(expr) that are linked
         self.internal: set = set()  # exprs whose every axis is linked: they never propose
         self._parent = None  # union-find over the links, built when a class is first asked for
-        self._ends: dict = {}  # tv -> per logical axis, the ends of all its links (ends_of)
+        # by tensor number (a list index: a dict of every tensor misses the caches at 10k exprs),
+        # per logical axis, the ends of all its links (ends_of)
+        self._ends: list = []
         if program is not None:
             self._link_all(program, frozen, home)
 
@@ -146,13 +148,18 @@ class PassThroughClasses:
         per_axis = self.links.get(tv)
         return None if per_axis is None else per_axis[axis]
 
-    def ends_of(self, tv, axis: int) -> list:
+    def ends_of(self, tv, axis: int, number: int = -1) -> list:
         """Link.ends(tv) of every link of a linked axis, in link order, as one
         list made when first asked for (callers must not change it): the
-        spread walks it once per decision."""
-        per_axis = self._ends.get(tv)
+        spread walks it once per decision. number: tv's (-1: read from tv)."""
+        if number < 0:
+            number = tv.number
+        by_number = self._ends
+        if number >= len(by_number):
+            by_number.extend([None] * (number + 1 - len(by_number)))
+        per_axis = by_number[number]
         if per_axis is None:
-            per_axis = self._ends[tv] = [None] * len(tv.logical)
+            per_axis = by_number[number] = [None] * len(tv.logical)
         ends = per_axis[axis]
         if ends is None:
             links = self.links[tv][axis]

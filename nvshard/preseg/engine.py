@@ -827,7 +827,7 @@ class Engine:
                 alone = origin.as_source
                 if alone is None:
                     alone = origin.as_source = (tv,)
-                for end in classes.ends_of(tv, axis):
+                for end in classes.ends_of(tv, axis, origin.number):
                     t = self.by_number[end.number]
                     if t.decided[end.axis] is not None:
                         continue
