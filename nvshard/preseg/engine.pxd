@@ -57,7 +57,8 @@ cdef class Engine:
     cdef public DecisionLog log
     cdef public set frozen
     cdef public object level, releasing
-    cdef public dict expr_entries, entries
+    cdef public dict expr_entries
+    cdef public list in_order
     cdef public list by_number
     cdef public list _stale
     cdef public dict _easy_targets
@@ -77,7 +78,8 @@ cdef class Engine:
     @cython.locals(d=Decision, used=frozenset, flags=list, decided=list, k=Py_ssize_t)
     cpdef frozenset used(self, TensorEntry t, bint reduction)
 
-    @cython.locals(frozen=set, entries=dict, r=ExprEntry, slots=list)
+    @cython.locals(r=ExprEntry, slots=list, slot_entries=list, open_to=list, i=Py_ssize_t, s=AxisFactors,
+                   t=TensorEntry)
     cpdef ExprEntry _expr_entry(self, Expr expr)
 
     @cython.locals(s=AxisFactors, d=Decision, opinions=dict, proposals=list, previous=tuple,
@@ -165,7 +167,7 @@ cdef class Engine:
     cpdef _after_change(self)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
-                   meshes=dict, state=dict, layouts=list, layouts_of=list, i=Py_ssize_t)
+                   meshes=dict, state=dict, layouts=list, layouts_of=list, i=Py_ssize_t, in_order=list)
     cpdef _finish(self)
 
     @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, structure=list, known=tuple, adjacent=list,

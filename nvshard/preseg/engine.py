@@ -154,7 +154,7 @@ class ExprEntry:
 
 class Engine:
     __slots__ = (
-        "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "entries", "by_number",
+        "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "in_order", "by_number",
         "_stale", "_easy_targets", "_conflict_heap", "_heap_counter",
         "tensor_structure", "_layouts_seen",
         "_changed", "_held_back", "_refresh_by_factor", "_refreshes", "home", "resolver", "classes", "depth", "canon"
@@ -174,7 +174,9 @@ class Engine:
         # expr -> ExprEntry, for the exprs that propose (not a class's internal
         # ones), in program order (the first refresh derives them all)
         self.expr_entries: dict = {}
-        self.entries: dict = {}  # tv -> TensorEntry (its proposals by expr, its choices, ...)
+        # every tensor's TensorEntry (its proposals by expr, its choices, ...), in the program's
+        # order: a list, not a dict by tensor (at 10k exprs a dict's growth and probes miss the caches)
+        self.in_order: list = []
         self.by_number: list = []  # the same entries by tensor number (entry(): a list index, no hashing)
         # Targets whose class must be recomputed, and indexes over the classes,
         # so each round touches only what changed (linear in program size).
@@ -243,13 +245,19 @@ class Engine:
                 frozen = False
             if frozen:
                 self.frozen.add(tv)
-            t = self.entries[tv] = new_entry(tv, decided, mesh, home.get(tv), frozen, reduction, adjacent)
+            t = new_entry(tv, decided, mesh, home.get(tv), frozen, reduction, adjacent)
+            self.in_order.append(t)
             number = t.number
             if number >= len(by_number):  # (a fusion numbers its tensors from 0: seldom past the count)
                 by_number.extend([None] * (number + 1 - len(by_number)))
             if by_number[number] is not None:
                 raise NvShardError(f"{tv.short_name()} shares its number with {by_number[number].tv.short_name()}")
             by_number[number] = t
+
+    @property
+    def entries(self) -> dict:
+        """{tv: its TensorEntry}, in the program's order (for tests and tools: made on each call)."""
+        return {t.tv: t for t in self.in_order}
 
     def entry(self, tv) -> TensorEntry:
         """tv's TensorEntry, by its number (a list index: no hashing)."""
@@ -266,8 +274,7 @@ class Engine:
             self.resolver = None
 
     def _run(self) -> None:
-        entries = self.entries
-        levels = sorted({d.priority for tv in self.frozen for d in entries[tv].decided if d is not None}) or [0]
+        levels = sorted({d.priority for tv in self.frozen for d in self.entry(tv).decided if d is not None}) or [0]
         for level in levels:
             self.level = level
             self.releasing = False
@@ -431,13 +438,18 @@ class Engine:
 
     def _expr_entry(self, expr) -> ExprEntry:
         """A new ExprEntry for expr, with what the plan fixes of it."""
-        frozen, entries = self.frozen, self.entries
         rule = self.p.rule(expr)
         slots, kinds, has_sum = _expr_structure(expr, rule)
         r = ExprEntry.__new__(ExprEntry)
         r.expr, r.rule, r.slots, r.kinds, r.has_sum = expr, rule, slots, kinds, has_sum
-        r.open_to = tuple([i for i, s in enumerate(slots) if s.reduction or s.tv not in frozen])
-        r.slot_entries = [entries[s.tv] for s in slots]
+        slot_entries = r.slot_entries = [self.entry(s.tv) for s in slots]
+        open_to = []
+        for i in range(len(slots)):  # (an index loop: compiled, reads both lists typed)
+            s = slots[i]
+            t = slot_entries[i]
+            if s.reduction or not t.frozen:  # (annotations are final)
+                open_to.append(i)
+        r.open_to = tuple(open_to)
         r.linked = self.classes.linked_positions.get(expr, ())
         r.proposals = r.per_target = None
         return r
@@ -962,7 +974,9 @@ class Engine:
         # Each tensor's decisions are read once, in one sweep (at 10k exprs a
         # second sweep over the records finds none of them in the caches).
         layouts_of = []  # per entry, in the entries' order
-        for tv, t in self.entries.items():
+        in_order = self.in_order
+        for i in range(len(in_order)):  # (an index loop: compiled, the records typed)
+            t = in_order[i]
             decided = t.decided
             layouts = []
             for k in range(len(decided)):  # (an index loop: compiled, no tuple per axis)
@@ -973,11 +987,11 @@ class Engine:
                 else:
                     layouts.append(d.digits)
             layouts_of.append(layouts)
-            meshes[tv] = t.mesh
+            meshes[t.tv] = t.mesh
         self.p.fill_meshes(meshes, self.frozen, self.home)
         state = self.p.state
         i = 0
-        for tv in self.entries:  # (the keys alone: the records are done with)
+        for tv in meshes:  # (the keys alone, in the entries' order: the records are done with)
             mesh = meshes[tv]
             layouts = layouts_of[i]
             i += 1
