@@ -23,7 +23,7 @@ cdef class TensorEntry:
     cdef public list decided
     cdef public object mesh, home
     cdef public bint frozen
-    cdef public list reduction_flags, adjacent
+    cdef public list reduction_flags, adjacent, adjacent_at
     cdef public frozenset used_iteration, used_reduction
     cdef public tuple classified
     cdef public dict by_expr
@@ -36,7 +36,7 @@ cdef class TensorEntry:
 
 
 @cython.locals(t=TensorEntry)
-cpdef TensorEntry new_entry(TensorView tv, list decided, mesh, home, bint frozen, list reduction_flags, list adjacent)
+cpdef TensorEntry new_entry(TensorView tv, list decided, mesh, home, bint frozen, tuple structure)
 
 
 cdef class ExprEntry:
@@ -49,6 +49,7 @@ cdef class ExprEntry:
     cdef public object linked
     cdef public list proposals
     cdef public tuple per_target
+    cdef public Py_ssize_t listed
 
 
 cdef class Engine:
@@ -58,6 +59,7 @@ cdef class Engine:
     cdef public set frozen
     cdef public object level, releasing
     cdef public dict expr_entries
+    cdef public list by_position
     cdef public list in_order
     cdef public list by_number
     cdef public list _stale
@@ -127,8 +129,8 @@ cdef class Engine:
                    t=TensorEntry, classified=tuple)
     cpdef _reclassify(self)
 
-    @cython.locals(e=Expr, out=list)
-    cpdef list _all_exprs(self)
+    @cython.locals(e=Expr, out=list, internal=set, by_position=list, exprs=list, i=Py_ssize_t, r=ExprEntry)
+    cpdef list _all_entries(self)
 
     @cython.locals(held_back=set, out=list)
     cpdef list _held_back_exprs(self)
@@ -150,9 +152,12 @@ cdef class Engine:
 
     cpdef tuple _layout_facts(self, digits)
 
-    @cython.locals(p=Proposal, touched=list, old=list, new=list, per_expr=dict, props=list,
-                   t=TensorEntry, internal=set, expr_entries=dict, r=ExprEntry, stamp=Py_ssize_t)
+    @cython.locals(internal=set, expr_entries=dict, r=ExprEntry, entries=list)
     cpdef _refresh(self, exprs, bint by_factor=*)
+
+    @cython.locals(p=Proposal, touched=list, old=list, new=list, per_expr=dict, props=list,
+                   t=TensorEntry, r=ExprEntry, stamp=Py_ssize_t)
+    cpdef _refresh_entries(self, list entries, bint by_factor=*)
 
     cpdef _invalidate(self, TensorEntry t)
 
@@ -163,14 +168,15 @@ cdef class Engine:
     @cython.locals(m=Choice, t=TensorEntry)
     cpdef _apply_easy(self, list items)
 
-    @cython.locals(decided=list, exprs=dict, t=TensorEntry, internal=set)
+    @cython.locals(decided=list, t=TensorEntry, listing=Py_ssize_t, by_position=list, entries=list, at=list,
+                   k=Py_ssize_t, r=ExprEntry)
     cpdef _after_change(self)
 
     @cython.locals(d=Decision, unreached=Decision, tv=TensorView, decided=list, k=Py_ssize_t, t=TensorEntry,
                    meshes=dict, state=dict, layouts=list, layouts_of=list, i=Py_ssize_t, in_order=list)
     cpdef _finish(self)
 
-    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, structure=list, known=tuple, adjacent=list,
+    @cython.locals(tv=TensorView, decided=list, frozen=bint, home=dict, structure=list, known=tuple,
                    reduction=list, k=Py_ssize_t, n=Py_ssize_t, i=Py_ssize_t, t=TensorEntry, by_number=list,
                    number=Py_ssize_t, annotations=dict)
     cpdef _seed(self)

@@ -84,7 +84,7 @@ class TensorEntry:
     """What the engine knows of one tensor during a plan, in one record: the
     inner loops look a tensor up once, not once per thing they read of it."""
 
-    __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent",
+    __slots__ = ("tv", "number", "decided", "mesh", "home", "frozen", "reduction_flags", "adjacent", "adjacent_at",
                  "used_iteration", "used_reduction", "classified", "by_expr", "as_source", "changed_axes", "closed",
                  "order", "refreshed", "stale", "with_easy", "conflicted")
 
@@ -96,6 +96,7 @@ class TensorEntry:
     frozen: bool  # annotated, or an unannotated input: decided up front
     reduction_flags: list  # per logical axis, whether it is a reduction axis
     adjacent: list  # the exprs with results that touch it (_adjacency)
+    adjacent_at: list  # their positions in the program (Engine.by_position)
     # the mesh axes its decided iteration (reduction) axes use: None until asked, and after they change
     used_iteration: object
     used_reduction: object
@@ -108,7 +109,7 @@ class TensorEntry:
     # decides tens of thousands of axes, and a set per tensor is an allocation and a free each
     changed_axes: int
     closed: bool  # no more decisions can reach it (Engine._closed): frozen, or every mesh axis taken
-    order: object  # (depth, structural key) once it is conflicted (Engine._conflict_order), else None
+    order: object  # (depth, structural key): where it stands among conflicts (Engine._conflict_order)
     refreshed: int  # the number of the last refresh that touched its proposals (Engine._refresh)
     # Flags where the engine had sets of tensors (a set's lookups and growth miss the caches at
     # 10k exprs): listed in Engine._stale; in one of Engine._easy_targets' sets; in the conflict heap
@@ -117,16 +118,18 @@ class TensorEntry:
     conflicted: bool
 
 
-def new_entry(tv, decided: list, mesh, home, frozen: bool, reduction_flags: list, adjacent: list) -> TensorEntry:
+def new_entry(tv, decided: list, mesh, home, frozen: bool, structure: tuple) -> TensorEntry:
     """A TensorEntry with nothing derived yet, its fields filled directly
     (compiled, calling the class would parse arguments through Python's
-    protocol; a plan makes one per tensor)."""
+    protocol; a plan makes one per tensor). structure: tv's in
+    _graph_structure."""
     t = TensorEntry.__new__(TensorEntry)
     t.tv, t.number, t.decided, t.mesh, t.home, t.frozen = tv, tv.number, decided, mesh, home, frozen
-    t.reduction_flags, t.adjacent, t.closed = reduction_flags, adjacent, frozen
+    t.reduction_flags, t.adjacent, t.order, t.adjacent_at = structure[1], structure[2], structure[3], structure[4]
+    t.closed = frozen
     t.refreshed = t.changed_axes = 0
     t.stale = t.with_easy = t.conflicted = False
-    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = t.order = None
+    t.used_iteration = t.used_reduction = t.classified = t.by_expr = t.as_source = None
     return t
 
 
@@ -138,7 +141,7 @@ class ExprEntry:
     of it (at 10k exprs each lookup in a per-expr dict misses the caches)."""
 
     __slots__ = ("expr", "rule", "slots", "kinds", "has_sum", "open_to", "slot_entries", "linked", "proposals",
-                 "per_target")
+                 "per_target", "listed")
 
     expr: object
     rule: object  # its rule for this program's sizes
@@ -150,11 +153,12 @@ class ExprEntry:
     linked: object  # the positions its pass-through classes link (they reach each other through the class)
     proposals: object  # [Proposal] as last derived; None before the first derivation
     per_target: object  # (waiting, {target position: [Proposal]}) as last derived, or None
+    listed: int  # the number of the last refresh _after_change listed it for (each once)
 
 
 class Engine:
     __slots__ = (
-        "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "in_order", "by_number",
+        "p", "cost", "log", "frozen", "level", "releasing", "expr_entries", "by_position", "in_order", "by_number",
         "_stale", "_easy_targets", "_conflict_heap", "_heap_counter",
         "tensor_structure", "_layouts_seen",
         "_changed", "_held_back", "_refresh_by_factor", "_refreshes", "home", "resolver", "classes", "depth", "canon"
@@ -174,6 +178,9 @@ class Engine:
         # expr -> ExprEntry, for the exprs that propose (not a class's internal
         # ones), in program order (the first refresh derives them all)
         self.expr_entries: dict = {}
+        # the same by the expr's position in the program (None: it does not propose), for the
+        # refresh after a change (_after_change: no dict probed per adjacent expr)
+        self.by_position: list = [None] * len(program.exprs)
         # every tensor's TensorEntry (its proposals by expr, its choices, ...), in the program's
         # order: a list, not a dict by tensor (at 10k exprs a dict's growth and probes miss the caches)
         self.in_order: list = []
@@ -216,7 +223,7 @@ class Engine:
                 structure = _graph_structure(self.p)[0]
                 known = structure[i]
             i += 1
-            reduction, adjacent = known[1], known[2]
+            reduction = known[1]
             n = len(tv.logical)
             frozen = True
             if tv.mesh is not None:
@@ -245,7 +252,7 @@ class Engine:
                 frozen = False
             if frozen:
                 self.frozen.add(tv)
-            t = new_entry(tv, decided, mesh, home.get(tv), frozen, reduction, adjacent)
+            t = new_entry(tv, decided, mesh, home.get(tv), frozen, known)
             self.in_order.append(t)
             number = t.number
             if number >= len(by_number):  # (a fusion numbers its tensors from 0: seldom past the count)
@@ -278,7 +285,7 @@ class Engine:
         for level in levels:
             self.level = level
             self.releasing = False
-            self._refresh(self._all_exprs())
+            self._refresh_entries(self._all_entries())
             while True:
                 easy = self._easy()
                 if easy:
@@ -296,11 +303,21 @@ class Engine:
                 break
         self._finish()
 
-    def _all_exprs(self) -> list:
+    def _all_entries(self) -> list:
+        """Every proposing expr's ExprEntry, in program order, made where
+        missing (a class's internal exprs never propose)."""
+        internal = self.classes.internal
+        by_position = self.by_position
+        exprs = self.p.exprs
         out = []
-        for e in self.p.exprs:  # (a loop: compiled, e is typed only in a loop)
-            if e.tv_outputs:
-                out.append(e)
+        for i in range(len(exprs)):  # (an index loop: compiled, the position is the index)
+            r = by_position[i]
+            if r is None:
+                e = exprs[i]
+                if not e.tv_outputs or e in internal:
+                    continue
+                r = by_position[i] = self.expr_entries[e] = self._expr_entry(e)
+            out.append(r)
         return out
 
     def _held_back_exprs(self) -> list:
@@ -389,9 +406,7 @@ class Engine:
         for m in competing:  # (a loop: compiled, min() is a call through Python's protocol)
             if m.priority < best:
                 best = m.priority
-        order = t.order
-        if order is None:  # (the fusion fixes it; asked again each time the heap meets the tensor)
-            order = t.order = (self.depth.get(tv, 0), self.canon.get(tv, 0))
+        order = t.order  # (the fusion fixes it: _graph_structure)
         return (best, order[0], order[1], t.number)
 
     # -- proposals ------------------------------------------------------------------------------
@@ -452,6 +467,7 @@ class Engine:
         r.open_to = tuple(open_to)
         r.linked = self.classes.linked_positions.get(expr, ())
         r.proposals = r.per_target = None
+        r.listed = 0
         return r
 
     def _expr_proposals(self, r: ExprEntry, by_factor: bool = False) -> list:
@@ -659,20 +675,28 @@ class Engine:
 
     def _refresh(self, exprs, by_factor: bool = False) -> None:
         """Re-derives the exprs' proposals (by_factor: see _expr_proposals)."""
-        # The tensors whose proposals change, each listed once, in the order
-        # met (about the program's order, and so the order of the records in
-        # memory; invalidating is order-free)
-        touched = []
-        self._refreshes += 1
-        stamp = self._refreshes
         internal = self.classes.internal
         expr_entries = self.expr_entries
+        entries = []
         for e in exprs:
             r = expr_entries.get(e)
             if r is None:
                 if e in internal:
                     continue  # its axes hear of each other through their class
                 r = expr_entries[e] = self._expr_entry(e)
+            entries.append(r)
+        self._refresh_entries(entries, by_factor)
+
+    def _refresh_entries(self, entries: list, by_factor: bool = False) -> None:
+        """Re-derives the proposals of the exprs of these ExprEntry."""
+        # The tensors whose proposals change, each listed once, in the order
+        # met (about the program's order, and so the order of the records in
+        # memory; invalidating is order-free)
+        touched = []
+        self._refreshes += 1
+        stamp = self._refreshes
+        for r in entries:
+            e = r.expr
             old = r.proposals
             if old:
                 for p in old:  # (per proposal, not per tensor: both steps repeat harmlessly)
@@ -953,16 +977,22 @@ class Engine:
         decided since the last call (_record lists each once), visited in
         number order (every rank of a job must build the same plan)."""
         decided, self._changed = self._changed, []
-        exprs: dict = {}
-        internal = self.classes.internal
+        listing = self._refreshes + 1  # (the refresh below)
+        by_position = self.by_position
+        entries = []
         # (no tensor to invalidate here: _record did, where a decided tensor
         # had a classification or proposals; one with neither classifies as
         # nothing whatever it decides)
         for t in _in_number_order(decided):
-            for e in t.adjacent:
-                if e not in internal:  # (_refresh would skip it: its axes hear of each other through their class)
-                    exprs[e] = None
-        self._refresh(list(exprs), self._refresh_by_factor)
+            at = t.adjacent_at
+            for k in range(len(at)):  # (an index loop: compiled, positions as C integers)
+                # (None: a class's internal expr, whose axes hear of each other through their class;
+                # the level's first refresh made every other one's entry)
+                r = by_position[at[k]]
+                if r is not None and r.listed != listing:
+                    r.listed = listing
+                    entries.append(r)
+        self._refresh_entries(entries, self._refresh_by_factor)
         for t in decided:
             t.changed_axes = 0
 
@@ -1099,11 +1129,13 @@ def _kept_with_fusion(program: Program, name: str, make, *args):
 
 
 def _graph_structure(program: Program) -> tuple:
-    """([(tensor, its reduction flags, its adjacent exprs)] in the program's
-    order, depth, structural key): the fusion's structure alone. A list, not
-    dicts: the engine reads it once per plan, in order (_seed)."""
+    """([(tensor, its reduction flags, its adjacent exprs, (its depth, its
+    structural key), its adjacent exprs' positions in the program)] in the
+    program's order, depth, structural key): the fusion's structure alone.
+    A list, not dicts: the engine reads it once per plan, in order (_seed)."""
     depth, canon = _structure(program)
     adjacent = _adjacency(program)
+    position = {e: i for i, e in enumerate(program.exprs)}
     # equal flag lists are one list (read only): big fusions keep one per tensor
     shared: dict = {}
     tensors = []
@@ -1112,7 +1144,8 @@ def _graph_structure(program: Program) -> tuple:
         known = shared.get(flags)
         if known is None:
             known = shared[flags] = list(flags)
-        tensors.append((tv, known, adjacent[tv]))
+        exprs = adjacent[tv]
+        tensors.append((tv, known, exprs, (depth.get(tv, 0), canon.get(tv, 0)), [position[e] for e in exprs]))
     return tensors, depth, canon
 
 
