@@ -40,6 +40,7 @@ from .proposals import Direction
 _OPERAND = Role.OPERAND
 _PASS, _SUM = FactorKind.PASS, FactorKind.SUM
 _FORWARD, _BACKWARD, _SIDEWAYS = Direction.FORWARD, Direction.BACKWARD, Direction.SIDEWAYS
+_NO_ENDS: list = []  # an unlinked axis's ends (read only)
 
 
 @cython.cclass
@@ -149,9 +150,10 @@ class PassThroughClasses:
         return None if per_axis is None else per_axis[axis]
 
     def ends_of(self, tv, axis: int, number: int = -1) -> list:
-        """Link.ends(tv) of every link of a linked axis, in link order, as one
-        list made when first asked for (callers must not change it): the
-        spread walks it once per decision. number: tv's (-1: read from tv)."""
+        """Link.ends(tv) of every link of the axis, in link order (none: an
+        unlinked axis), as one list made when first asked for (callers must
+        not change it): the spread walks it once per decision. number: tv's
+        (-1: read from tv)."""
         if number < 0:
             number = tv.number
         by_number = self._ends
@@ -162,7 +164,10 @@ class PassThroughClasses:
             per_axis = by_number[number] = [None] * len(tv.logical)
         ends = per_axis[axis]
         if ends is None:
-            links = self.links[tv][axis]
+            links = self.of(tv, axis)
+            if links is None:
+                per_axis[axis] = _NO_ENDS
+                return _NO_ENDS
             ends = links[0].ends(tv)
             for j in range(1, len(links)):  # (most axes have one link: its list is the whole answer)
                 link = links[j]

@@ -812,7 +812,7 @@ class Engine:
             if t.decided[m.axis] is not None:
                 continue
             self._decide(t, m, reason)
-            if m.digits and self.classes.of(tv, m.axis) is not None:
+            if m.digits and self.classes.ends_of(tv, m.axis, t.number):
                 spreading.append((t, m.axis))
         if spreading:
             self._spread(spreading)
