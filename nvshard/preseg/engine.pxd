@@ -135,17 +135,17 @@ cdef class Engine:
     @cython.locals(held_back=set, out=list)
     cpdef list _held_back_exprs(self)
 
-    @cython.locals(m=Choice, targets=set)
+    @cython.locals(m=Choice, targets=set, t=TensorEntry, out=list)
     cpdef list _easy(self)
 
     @cython.locals(order=tuple)
-    cpdef _push_conflict(self, tv)
+    cpdef _push_conflict(self, TensorEntry t)
 
-    @cython.locals(heap=list, top=tuple, current=tuple)
+    @cython.locals(heap=list, top=tuple, current=tuple, t=TensorEntry)
     cpdef _next_conflict(self)
 
-    @cython.locals(m=Choice, competing=list, t=TensorEntry, order=tuple)
-    cpdef tuple _conflict_order(self, TensorView tv)
+    @cython.locals(m=Choice, competing=list, order=tuple)
+    cpdef tuple _conflict_order(self, TensorEntry t)
 
     @cython.locals(mesh=DeviceMesh, sizes=dict, used=frozenset)
     cpdef bint _closed(self, TensorEntry t) except -1

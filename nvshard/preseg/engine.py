@@ -293,7 +293,7 @@ class Engine:
                     continue
                 target = self._next_conflict()
                 if target is not None:
-                    choices, reason = self.resolver.resolve(target)
+                    choices, reason = self.resolver.resolve(target.tv)
                     self._apply([(target, m) for m in choices], reason)
                     continue
                 if not self.releasing:
@@ -339,68 +339,72 @@ class Engine:
         # conflict heap's keys end with the tensor's number (no ties).
         for t in stale:
             t.stale = False
-            tv = t.tv
             classified = self._classified(t)
             easy, competing = classified[0], classified[1]
             if not easy:  # (most stale tensors: no set of stages to make)
                 if t.with_easy:  # (otherwise no stage's targets hold it: nothing to discard)
                     t.with_easy = False
                     for targets in self._easy_targets.values():
-                        targets.discard(tv)
+                        targets.discard(t)
             else:
                 stages = {m.stage for m in easy}
                 for stage, targets in self._easy_targets.items():
                     if stage not in stages:
-                        targets.discard(tv)
+                        targets.discard(t)
                 for stage in stages:
-                    self._easy_targets.setdefault(stage, set()).add(tv)
+                    self._easy_targets.setdefault(stage, set()).add(t)
                 t.with_easy = True
             if competing:
                 if not t.conflicted:
                     t.conflicted = True
-                    self._push_conflict(tv)
+                    self._push_conflict(t)
             else:
                 t.conflicted = False
 
     def _easy(self) -> list:
-        """The easy proposals of the earliest stage that has any."""
+        """The easy proposals of the earliest stage that has any, as
+        [(TensorEntry, Choice)]."""
         self._reclassify()
         for stage in sorted(self._easy_targets):
             targets = self._easy_targets[stage]
             if targets:
                 # sorted: every rank of a job must build the same plan
-                return [(tv, m) for tv in sorted(targets, key=_NUMBER)
-                        for m in self.classify(tv)[0] if m.stage == stage]
+                out = []
+                for t in sorted(targets, key=_NUMBER):  # (a loop: compiled, t typed)
+                    for m in self._classified(t)[0]:
+                        if m.stage == stage:
+                            out.append((t, m))
+                return out
         return []
 
-    def _push_conflict(self, tv) -> None:
-        # One flat entry (the order's four parts, a counter, the tensor): the
+    def _push_conflict(self, t: TensorEntry) -> None:
+        # One flat entry (the order's four parts, a counter, the tensor's entry): the
         # heap compares entries without a nested tuple, in the same order.
-        order = self._conflict_order(tv)
-        heapq.heappush(self._conflict_heap, (order[0], order[1], order[2], order[3], self._heap_counter, tv))
+        order = self._conflict_order(t)
+        heapq.heappush(self._conflict_heap, (order[0], order[1], order[2], order[3], self._heap_counter, t))
         self._heap_counter += 1
 
     def _next_conflict(self):
-        """The conflicted tensor to resolve first: lowest priority number, then
-        the shallowest, then a structural key (independent of op order)."""
+        """The entry of the conflicted tensor to resolve first: lowest priority
+        number, then the shallowest, then a structural key (independent of
+        op order)."""
         self._reclassify()
         heap = self._conflict_heap
         while heap:
             top = heap[0]
-            tv = top[5]
-            if not self.entry(tv).conflicted:
+            t = top[5]
+            if not t.conflicted:
                 heapq.heappop(heap)
                 continue
-            current = self._conflict_order(tv)
+            current = self._conflict_order(t)
             if current[0] != top[0] or current[1] != top[1] or current[2] != top[2] or current[3] != top[3]:
                 heapq.heappop(heap)
-                self._push_conflict(tv)
+                self._push_conflict(t)
                 continue
-            return tv
+            return t
         return None
 
-    def _conflict_order(self, tv):
-        t = self.entry(tv)
+    def _conflict_order(self, t: TensorEntry):
         competing = self._classified(t)[1]
         best = competing[0].priority
         for m in competing:  # (a loop: compiled, min() is a call through Python's protocol)
@@ -806,13 +810,13 @@ class Engine:
 
     # -- applying decisions ---------------------------------------------------------------------------
     def _apply(self, items: list, reason="") -> None:
+        """Decides [(TensorEntry, Choice)], spreads them and refreshes."""
         spreading = []
-        for tv, m in items:
-            t = self.entry(tv)
+        for t, m in items:
             if t.decided[m.axis] is not None:
                 continue
             self._decide(t, m, reason)
-            if m.digits and self.classes.ends_of(tv, m.axis, t.number):
+            if m.digits and self.classes.ends_of(t.tv, m.axis, t.number):
                 spreading.append((t, m.axis))
         if spreading:
             self._spread(spreading)
@@ -964,13 +968,12 @@ class Engine:
     def _apply_easy(self, items: list) -> None:
         """Easy choices apply as they are, except that a pending sum competes
         with summing nothing (the contraction's operands gathered instead)."""
-        pending = [(tv, m) for tv, m in items if m.reduction and m.digits]
-        self._apply([(tv, m) for tv, m in items if not (m.reduction and m.digits)])
-        for tv, m in pending:
-            t = self.entry(tv)
+        pending = [(t, m) for t, m in items if m.reduction and m.digits]
+        self._apply([(t, m) for t, m in items if not (m.reduction and m.digits)])
+        for t, m in pending:
             if t.decided[m.axis] is None:
-                choices, reason = self.resolver.weigh_partial_sum(tv, m)
-                self._apply([(tv, c) for c in choices], reason)
+                choices, reason = self.resolver.weigh_partial_sum(t.tv, m)
+                self._apply([(t, c) for c in choices], reason)
 
     def _after_change(self) -> None:
         """Re-derives the proposals of the exprs adjacent to the tensors
