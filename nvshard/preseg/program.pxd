@@ -42,5 +42,5 @@ cpdef tuple _index(list exprs, tvs)
 @cython.locals(static=bint)
 cpdef _concrete(TensorView tv, Py_ssize_t k, digits, sizes)
 
-@cython.locals(tv=TensorView, state=dict, replicated=dict, layouts=list, k=Py_ssize_t, n=Py_ssize_t)
+@cython.locals(tv=TensorView, state=dict, replicated=dict, layouts=list, k=Py_ssize_t, n=Py_ssize_t, equal=dict)
 cpdef dict _initial_states(list tvs, sizes)

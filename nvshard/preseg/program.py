@@ -248,6 +248,10 @@ def _initial_states(tvs: list, sizes) -> dict:
     nearly all of them: per tensor, no state to make now and free cold later."""
     state = {}
     replicated: dict = {}
+    # Equal layouts are one object (read only): the passes remember what they
+    # work out of a layout per object (Engine._layout_facts, CostModel.layout_number),
+    # and stacked layers annotate thousands of tensors alike.
+    equal: dict = {}
     for tv in tvs:
         mesh = tv.mesh
         if mesh is None:
@@ -258,11 +262,15 @@ def _initial_states(tvs: list, sizes) -> dict:
             state[tv] = shared
             continue
         layouts = tv.layouts()
-        if sizes is not None:
-            # concrete block sizes, so equal layouts compare equal
-            for k in range(len(layouts)):  # (an index loop: compiled, a C call per sharded axis)
-                if layouts[k]:
-                    layouts[k] = _concrete(tv, k, layouts[k], sizes)
+        for k in range(len(layouts)):  # (an index loop: compiled, a C call per sharded axis)
+            digits = layouts[k]
+            if digits:
+                if sizes is not None:  # concrete block sizes, so equal layouts compare equal
+                    digits = _concrete(tv, k, digits, sizes)
+                known = equal.get(digits)
+                if known is None:
+                    known = equal[digits] = digits
+                layouts[k] = known
         state[tv] = new_state(mesh, layouts)
     return state
 
