@@ -181,6 +181,7 @@ cdef class Engine:
                    number=Py_ssize_t, annotations=dict)
     cpdef _seed(self)
 
+    @cython.locals(number=Py_ssize_t)
     cdef TensorEntry entry(self, TensorView tv)
 
     @cython.locals(d=Decision, m=Choice, arriving=list, end=End, alone=tuple)

@@ -268,7 +268,8 @@ class Engine:
 
     def entry(self, tv) -> TensorEntry:
         """tv's TensorEntry, by its number (a list index: no hashing)."""
-        return self.by_number[tv.number]
+        number = tv.number  # (compiled, a C integer: the list is indexed directly)
+        return self.by_number[number]
 
     # -- the main loop ----------------------------------------------------------------------
     def run(self) -> None:
