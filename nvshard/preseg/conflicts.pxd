@@ -59,7 +59,7 @@ cdef class ConflictResolver:
     cpdef list _priced(self, tv, list candidates, list sharing)
 
     @cython.locals(engine=Engine, cost=CostModel, parts=list, tensors=list, shared=dict, sharing=list,
-                   place=dict, e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t,
+                   e=Expr, o=TensorView, own=TensorEntry, result=TensorEntry, i=Py_ssize_t,
                    adjacent=list, operands=tuple, read=tuple, j=Py_ssize_t, position=Py_ssize_t,
                    readers=tuple)
     cpdef tuple _question(self, tv, Py_ssize_t kind, list lists)

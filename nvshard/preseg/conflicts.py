@@ -72,8 +72,8 @@ class ConflictResolver:
     def __init__(self, engine, places: dict):
         """places: where to keep what the fusion fixes of each tensor's
         neighbourhood (_placed: its tensors' places, the heads of the rules
-        that never change, its tensors' shapes): the engine keeps it with
-        the fusion."""
+        that never change, its tensors' shapes, its operands' other
+        readers): the engine keeps it with the fusion."""
         self.engine = engine
         self.cost = engine.cost
         # question (_question) -> (candidates' costs unnamed, their rankings
@@ -222,7 +222,7 @@ class ConflictResolver:
         two questions are equal exactly when what they say is."""
         engine, cost = self.engine, self.cost
         own = engine.entry(tv)
-        tensors, place, fixed, operands = self._neighbourhood(tv)
+        tensors, _, fixed, operands = self._neighbourhood(tv)
         parts = list(fixed)
         parts.append(kind)
         parts.append(len(lists))
