@@ -119,6 +119,38 @@ def test_entries_by_number_are_the_entries_by_tensor():
         Engine(program, CostModel(program, sizes), DecisionLog())
 
 
+def test_adjacent_positions_index_the_programs_own_exprs():
+    """A refresh after a change finds each adjacent expr's entry by its
+    position in the program, kept with the fusion's structure while the
+    program's exprs are the fusion's (_kept_with_fusion). A program whose
+    exprs are in another order gets a structure of its own: the positions
+    index its exprs, and it plans as the fusion's order does."""
+    mesh = nvfuser.multidevice.DeviceMesh(torch.arange(2))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([16, 8], dtype=DataType.Float)
+        y = fd.define_tensor([16, 8], dtype=DataType.Float)
+        fd.add_output(fd.ops.add(fd.ops.relu(x), fd.ops.neg(y)))
+        x.set_device_mesh(mesh)
+        x.outer_split(0, 2)
+        x.axis(0).parallelize(PT.mesh_x)
+    shapes = [[16, 8], [16, 8]]
+    sizes = _sizes(fd.fusion, shapes, None)
+    kept = Engine(Program(fd.fusion, sizes), CostModel(Program(fd.fusion, sizes), sizes), DecisionLog())
+    program = Program(fd.fusion, sizes)
+    first, second = program.exprs[0], program.exprs[1]
+    assert (first.op.name, second.op.name) == ("relu", "neg")  # (independent: either order is valid)
+    program.exprs[0], program.exprs[1] = second, first
+    engine = Engine(program, CostModel(program, sizes), DecisionLog())
+    assert engine.tensor_structure is not kept.tensor_structure
+    for t in engine.in_order:
+        assert [program.exprs[k] for k in t.adjacent_at] == t.adjacent
+    engine.run()
+    reference = Program(fd.fusion, sizes)
+    Engine(reference, CostModel(reference, sizes), DecisionLog()).run()
+    assert {tv: (s.mesh, s.layouts) for tv, s in program.state.items()} == \
+        {tv: (s.mesh, s.layouts) for tv, s in reference.state.items()}
+
+
 class _NotingClosedTargets(_CountingEngine):
     """Records the target derivations on an iteration axis of a tensor every
     mesh axis of whose mesh is already taken."""
