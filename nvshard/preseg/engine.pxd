@@ -152,7 +152,7 @@ cdef class Engine:
 
     cpdef tuple _layout_facts(self, digits)
 
-    @cython.locals(internal=set, expr_entries=dict, r=ExprEntry, entries=list)
+    @cython.locals(expr_entries=dict)
     cpdef _refresh(self, exprs, bint by_factor=*)
 
     @cython.locals(p=Proposal, touched=list, old=list, new=list, per_expr=dict, props=list,

@@ -679,18 +679,11 @@ class Engine:
         return options
 
     def _refresh(self, exprs, by_factor: bool = False) -> None:
-        """Re-derives the exprs' proposals (by_factor: see _expr_proposals)."""
-        internal = self.classes.internal
+        """Re-derives the proposals of these proposing exprs (by_factor: see
+        _expr_proposals); each has its ExprEntry from the level's first
+        refresh (_all_entries)."""
         expr_entries = self.expr_entries
-        entries = []
-        for e in exprs:
-            r = expr_entries.get(e)
-            if r is None:
-                if e in internal:
-                    continue  # its axes hear of each other through their class
-                r = expr_entries[e] = self._expr_entry(e)
-            entries.append(r)
-        self._refresh_entries(entries, by_factor)
+        self._refresh_entries([expr_entries[e] for e in exprs], by_factor)
 
     def _refresh_entries(self, entries: list, by_factor: bool = False) -> None:
         """Re-derives the proposals of the exprs of these ExprEntry."""
