@@ -72,7 +72,7 @@ cdef class ConflictResolver:
 
     cpdef object _mesh_number(self, mesh)
 
-    @cython.locals(engine=Engine, cost=CostModel, tensors=list, place=dict, fixed=tuple, sized=tuple, e=Expr,
+    @cython.locals(engine=Engine, cost=CostModel, tensors=list, fixed=tuple, sized=tuple, e=Expr,
                    adjacent=list, placed=tuple, per_plan=list, i=Py_ssize_t, operands=tuple)
     cpdef tuple _neighbourhood(self, tv)
 

@@ -222,7 +222,7 @@ class ConflictResolver:
         two questions are equal exactly when what they say is."""
         engine, cost = self.engine, self.cost
         own = engine.entry(tv)
-        tensors, _, fixed, operands = self._neighbourhood(tv)
+        tensors, fixed, operands = self._neighbourhood(tv)
         parts = list(fixed)
         parts.append(kind)
         parts.append(len(lists))
@@ -285,7 +285,8 @@ class ConflictResolver:
 
     def _neighbourhood(self, tv) -> tuple:
         """(tv and the tensors of its adjacent exprs, in the order questions
-        name them; their places; the question's part its structure fixes:
+        name them (a tensor's place is its index); the question's part its
+        structure fixes:
         per adjacent expr its question head's number and its tensors'
         places, and each tensor's signature as its shape's number, then
         per tensor the rest of its signature (CostModel.signature_flags),
@@ -302,21 +303,22 @@ class ConflictResolver:
             placed = self._places.get(tv)
             if placed is None:  # (the first plan of the fusion)
                 placed = self._places[tv] = self._placed(tv, adjacent)
-            tensors, place, fixed, sized, operands = placed
+            tensors, fixed, sized, operands = placed
             per_plan = []
             for i in sized:  # (a rule that reads sizes may change with them: its head is read per plan)
                 e = adjacent[i]
                 per_plan.append(question_head_number(e, engine.p.rule(e)))
             for i in range(len(tensors)):
                 per_plan.append(cost.signature_flags(tensors[i]))
-            known = self._neighbourhoods[tv] = (tensors, place, fixed + tuple(per_plan), operands)
+            known = self._neighbourhoods[tv] = (tensors, fixed + tuple(per_plan), operands)
         return known
 
     def _placed(self, tv, adjacent: list) -> tuple:
         """What of tv's neighbourhood the fusion fixes, kept with it: (its
-        tensors, their places, per adjacent expr its question head's number
-        (-1 where its rule reads sizes) and its tensors' places and per
-        tensor its shape's number, as ints with their counts; the positions
+        tensors (a tensor's place is its index); per adjacent expr its
+        question head's number (-1 where its rule reads sizes) and its
+        tensors' places and per tensor its shape's number, as ints with
+        their counts; the positions
         of the adjacent exprs whose rules read sizes; per adjacent expr its
         operands other than tv, each once: (operand, its place, its position
         in the expr, the other exprs that read it with their outputs, each
@@ -349,7 +351,7 @@ class ConflictResolver:
         fixed.append(len(tensors))
         for i in range(len(tensors)):
             fixed.append(cost.shape_number(tensors[i]))
-        return tensors, place, tuple(fixed), tuple(sized), tuple(operands)
+        return tensors, tuple(fixed), tuple(sized), tuple(operands)
 
     def _around(self, tv, sharing: list) -> list:
         """What a candidate's cost depends on besides the candidate, per expr

@@ -267,10 +267,7 @@ def _initial_states(tvs: list, sizes) -> dict:
             if digits:
                 if sizes is not None:  # concrete block sizes, so equal layouts compare equal
                     digits = _concrete(tv, k, digits, sizes)
-                known = equal.get(digits)
-                if known is None:
-                    known = equal[digits] = digits
-                layouts[k] = known
+                layouts[k] = equal.setdefault(digits, digits)
         state[tv] = new_state(mesh, layouts)
     return state
 

@@ -312,7 +312,7 @@ def test_kept_neighbourhoods_name_this_plans_signatures(monkeypatch):
     class Watching(ConflictResolver):
         def _neighbourhood(self, tv):
             known = ConflictResolver._neighbourhood(self, tv)
-            tensors, _, part, _ = known
+            tensors, part, _ = known
             rules = [question_head(e, self.engine.p.rule(e)) for e in self.engine.entries[tv].adjacent]
             seen[-1].append((part, [self.cost.signature(t) for t in tensors], rules))
             return known
